@@ -1,0 +1,1 @@
+"""Kernels: one file per kernel (Triton body, checked wrapper, torch reference)."""
