@@ -1,0 +1,151 @@
+"""Shared helpers of the kernel files: the guarded Triton import and the argument checks.
+
+Kept apart from the kernels because every kernel file needs the same two things: a way to be
+imported when triton is missing (the torch references must keep working on a bare CPU install),
+and the checks its wrapper runs before a launch. Triton's interpreter does not catch
+out-of-bounds accesses and ``tl.device_assert`` is a no-op there, so every bound a kernel relies
+on is checked here, in Python, and reported as ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+try:  # triton is optional: the torch references must work without it.
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only on installs without triton
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+
+# dtypes a row view may have: kernels only copy or read rows, uint8/fp8 rows are raw bytes.
+ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.uint8, torch.float8_e4m3fn)
+
+
+def require_triton(name: str) -> None:
+    """Raise a clear error when a Triton wrapper is called on an install without triton."""
+    if not HAS_TRITON:
+        raise RuntimeError(f"{name}: triton is not installed; use the torch reference ({name}_ref) "
+                           "or install the 'kernels' extra")
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= max(n, 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def check_positive(name: str, value: int, minimum: int = 1) -> None:
+    if not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def check_rows(name: str, t: torch.Tensor, *, ndim: int = 2, dtypes: Iterable[torch.dtype] = ROW_DTYPES,
+               width: int | None = None, dtype: torch.dtype | None = None) -> None:
+    """A row view: ``ndim`` dims, innermost dim contiguous (outer strides arbitrary), allowed dtype."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    allowed = (dtype,) if dtype is not None else tuple(dtypes)
+    if t.dtype not in allowed:
+        raise ValueError(f"{name} has dtype {t.dtype}; expected one of {', '.join(map(str, allowed))}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous inner dim (stride(-1) == 1), got strides {t.stride()}")
+    if any(s < 0 for s in t.stride()):
+        raise ValueError(f"{name} has a negative stride {t.stride()}")
+    if width is not None and t.shape[-1] != width:
+        raise ValueError(f"{name} has inner width {t.shape[-1]}, expected {width}")
+
+
+def check_index(name: str, t: torch.Tensor, shape: tuple[int | None, ...]) -> None:
+    """An index tensor: int32, contiguous, shape matching ``shape`` (None = any size)."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if t.dim() != len(shape) or any(e is not None and e != a for e, a in zip(shape, t.shape)):
+        want = tuple("*" if e is None else e for e in shape)
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {want}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def check_range(name: str, t: torch.Tensor, lo: int, hi: int, what: str = "") -> None:
+    """Every value of ``t`` lies in [lo, hi). Costs one device sync on a GPU."""
+    if t.numel() == 0:
+        return
+    tmin, tmax = int(t.min()), int(t.max())
+    if tmin < lo or tmax >= hi:
+        extra = f" ({what})" if what else ""
+        raise ValueError(f"{name} holds values in [{tmin}, {tmax}], outside the valid range [{lo}, {hi}){extra}")
+
+
+def check_same_device(**tensors: torch.Tensor) -> None:
+    devices = {n: t.device for n, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"all tensors must be on one device, got {devices}")
+
+
+def max_swa_page(num_rows: int, block_size: int, row_stride: int) -> int:
+    """Number of SWA pages a row view of ``num_rows`` rows can address (pages 0 .. n-1)."""
+    if num_rows < block_size:
+        return 0
+    return (num_rows - block_size) // row_stride + 1
+
+
+def max_comp_page(num_rows: int, entries_per_block: int, pages_per_chunk: int, chunk_rows: int) -> int:
+    """Number of compressed pages whose rows all lie inside a view of ``num_rows`` rows."""
+    full_chunks = num_rows // chunk_rows
+    rest = num_rows - full_chunks * chunk_rows
+    return full_chunks * pages_per_chunk + min(rest // entries_per_block, pages_per_chunk)
+
+
+def compressed_row(page: torch.Tensor, slot: torch.Tensor, entries_per_block: int, pages_per_chunk: int,
+                   chunk_rows: int) -> torch.Tensor:
+    """Physical row of compressed ``slot`` in ``page``: (page // k) * chunk_rows + (page % k) * epb + slot."""
+    page = page.long()
+    return (page // pages_per_chunk) * chunk_rows + (page % pages_per_chunk) * entries_per_block + slot.long()
+
+
+def check_comp_geometry(entries_per_block: int, pages_per_chunk: int, chunk_rows: int) -> None:
+    check_positive("entries_per_block", entries_per_block)
+    check_positive("pages_per_chunk", pages_per_chunk)
+    if not isinstance(chunk_rows, int) or chunk_rows < pages_per_chunk * entries_per_block:
+        raise ValueError(f"chunk_rows={chunk_rows!r} must be an int >= pages_per_chunk * entries_per_block "
+                         f"= {pages_per_chunk * entries_per_block}, or pages of one chunk would overlap")
+
+
+def check_swa_geometry(block_size: int, row_stride: int) -> None:
+    check_positive("block_size", block_size)
+    if not isinstance(row_stride, int) or row_stride < block_size:
+        raise ValueError(f"row_stride={row_stride!r} must be an int >= block_size={block_size}: "
+                         "an SWA page holds block_size rows of the layer")
+
+
+def launch_tiles(device: torch.device, width: int) -> tuple[int, int]:
+    """(rows per program, width tile) for a row-copy kernel.
+
+    The interpreter pays ~1 ms per program, so on CPU one program takes many wide rows; on a GPU a
+    program copies 16 rows in tiles of at most 512 elements to keep registers low.
+    """
+    if device.type == "cpu":
+        return 64, min(next_pow2(width), 4096)
+    return 16, min(next_pow2(width), 512)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def copy_rows(src_ptr, src_off, dst_ptr, dst_off, ok, width, BLOCK_W: tl.constexpr):
+        """Copy ``width`` elements from src_ptr+src_off[i] to dst_ptr+dst_off[i] for rows with ok[i]."""
+        for w0 in range(0, width, BLOCK_W):
+            w = w0 + tl.arange(0, BLOCK_W)
+            m = ok[:, None] & (w[None, :] < width)
+            x = tl.load(src_ptr + src_off[:, None] + w[None, :], mask=m)
+            tl.store(dst_ptr + dst_off[:, None] + w[None, :], x, mask=m)

@@ -1,0 +1,100 @@
+"""Scatter finished compressed entries into the compress-owned pages of one layer.
+
+Addressing (fixed by the arena): with compress ratio ``r`` a logical block of ``block_size`` tokens
+holds ``epb = block_size // r`` entries. Entry ``i`` of sequence ``s`` lives in logical block
+``i // epb``, slot ``i % epb``; its page is ``page = comp_table[s, i // epb]`` and its physical row in
+the layer's row view is::
+
+    row = (page // pages_per_chunk) * chunk_rows + (page % pages_per_chunk) * epb + slot
+
+(compressed pages are packed ``pages_per_chunk`` to a chunk, chunks are ``chunk_rows`` rows apart).
+The same formula, applied to the indexer-key row view, places the CSA indexer keys: call the
+function once for the main rows and once for the indexer keys, with the same table and indices.
+
+Sentinels: ``comp_table`` -1 = no page (entry skipped, never a page-0 fallback); ``seq_idx`` or
+``entry_idx`` -1 = padding (skipped). Each destination row is written at most once per call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import (HAS_TRITON, check_comp_geometry, check_index, check_range, check_rows, check_same_device,
+                      compressed_row, launch_tiles, max_comp_page, require_triton, triton, tl)
+
+__all__ = ["compressed_write", "compressed_write_ref"]
+
+
+def _check(entries, rows, comp_table, seq_idx, entry_idx, epb, k, chunk_rows) -> None:
+    check_comp_geometry(epb, k, chunk_rows)
+    check_rows("rows", rows)
+    check_rows("entries", entries, dtype=rows.dtype, width=rows.shape[1])
+    check_index("comp_table", comp_table, (None, None))
+    check_index("seq_idx", seq_idx, (entries.shape[0],))
+    check_index("entry_idx", entry_idx, (entries.shape[0],))
+    check_same_device(entries=entries, rows=rows, comp_table=comp_table, seq_idx=seq_idx, entry_idx=entry_idx)
+    n_pages = max_comp_page(rows.shape[0], epb, k, chunk_rows)
+    check_range("comp_table", comp_table, -1, n_pages,
+                f"rows has {rows.shape[0]} rows = {n_pages} compressed pages; -1 = no page")
+    check_range("seq_idx", seq_idx, -1, comp_table.shape[0], "a row of comp_table, or -1 = padding")
+    check_range("entry_idx", entry_idx, -1, comp_table.shape[1] * epb,
+                "entries covered by comp_table's logical blocks, or -1 = padding")
+
+
+def compressed_write_ref(entries: torch.Tensor, rows: torch.Tensor, comp_table: torch.Tensor,
+                         seq_idx: torch.Tensor, entry_idx: torch.Tensor, *, entries_per_block: int,
+                         pages_per_chunk: int, chunk_rows: int) -> None:
+    """Torch reference of :func:`compressed_write` (same contract)."""
+    _check(entries, rows, comp_table, seq_idx, entry_idx, entries_per_block, pages_per_chunk, chunk_rows)
+    tok = ((seq_idx >= 0) & (entry_idx >= 0)).nonzero().squeeze(1)
+    ent = entry_idx[tok].long()
+    page = comp_table[seq_idx[tok].long(), ent // entries_per_block]
+    keep = page >= 0
+    dst = compressed_row(page[keep], ent[keep] % entries_per_block, entries_per_block, pages_per_chunk,
+                         chunk_rows)
+    rows[dst] = entries[tok[keep]]
+
+
+if HAS_TRITON:
+    from ._common import copy_rows
+
+    @triton.jit
+    def _compressed_write_kernel(src_ptr, rows_ptr, table_ptr, seq_ptr, ent_ptr, n, width, src_stride,
+                                 rows_stride, table_stride, epb, pages_per_chunk, chunk_rows,
+                                 BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        ok = t < n
+        seq = tl.load(seq_ptr + t, mask=ok, other=-1)
+        ent = tl.load(ent_ptr + t, mask=ok, other=-1)
+        ok = ok & (seq >= 0) & (ent >= 0)
+        page = tl.load(table_ptr + seq.to(tl.int64) * table_stride + ent // epb, mask=ok, other=-1)
+        ok = ok & (page >= 0)
+        page = page.to(tl.int64)
+        row = (page // pages_per_chunk) * chunk_rows + (page % pages_per_chunk) * epb + ent % epb
+        copy_rows(src_ptr, t.to(tl.int64) * src_stride, rows_ptr, row * rows_stride, ok, width, BLOCK_W)
+
+
+def compressed_write(entries: torch.Tensor, rows: torch.Tensor, comp_table: torch.Tensor, seq_idx: torch.Tensor,
+                     entry_idx: torch.Tensor, *, entries_per_block: int, pages_per_chunk: int,
+                     chunk_rows: int) -> None:
+    """Write ``entries[n]`` as entry ``entry_idx[n]`` of sequence ``seq_idx[n]``.
+
+    Args:
+        entries: ``[num_entries, width]`` finished compressed rows (main rows or indexer keys), same
+            dtype as ``rows``, inner dim contiguous.
+        rows: ``[num_rows, width]`` the layer's compressed (or indexer-key) row view.
+        comp_table: int32 ``[num_seqs, max_blocks]`` compressed page per logical block, -1 = none.
+        seq_idx, entry_idx: int32 ``[num_entries]``; -1 in either marks padding.
+        entries_per_block: ``block_size // ratio``; pages_per_chunk, chunk_rows: the chunk packing.
+
+    Raises ValueError before launch on a wrong dtype, shape, layout or out-of-range value.
+    """
+    _check(entries, rows, comp_table, seq_idx, entry_idx, entries_per_block, pages_per_chunk, chunk_rows)
+    require_triton("compressed_write")
+    if entries.shape[0] == 0:
+        return
+    bt, bw = launch_tiles(entries.device, entries.shape[1])
+    grid = (triton.cdiv(entries.shape[0], bt),)
+    _compressed_write_kernel[grid](entries, rows, comp_table, seq_idx, entry_idx, entries.shape[0],
+                                   entries.shape[1], entries.stride(0), rows.stride(0), comp_table.stride(0),
+                                   entries_per_block, pages_per_chunk, chunk_rows, BLOCK_T=bt, BLOCK_W=bw)

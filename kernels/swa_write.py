@@ -1,0 +1,213 @@
+"""Scatter a step's new K rows of one layer into the layer's paged SWA rows.
+
+Addressing (fixed by the arena): the token of sequence ``s`` at absolute position ``pos`` lives in
+physical row ``swa_table[s, pos // block_size] * row_stride + pos % block_size`` of the layer's row
+view ``rows[num_rows, width]``. ``block_size`` is the token modulus, ``row_stride >= block_size`` the
+physical distance between two SWA pages of the layer (in the fused c4 chunk the page also holds
+other layers' rows and the CSA boundary state, so the two differ).
+
+Sentinels: a table entry of -1 means "no page" and the token is skipped; it is never written and
+never mapped to page 0. A token with ``seq_idx == -1`` or ``position == -1`` (CUDA-graph padding) is
+skipped too. Each destination row must be written at most once per call.
+
+Two entry points, each a checked Triton wrapper with a torch reference of the same signature:
+
+* :func:`swa_write` / :func:`swa_write_ref`: per-token ``seq_idx`` and ``positions`` (decode, or
+  any batch the runner has flattened).
+* :func:`swa_write_prefill` / :func:`swa_write_prefill_ref`: per-sequence ``cu_seqlens`` and
+  ``pos_start`` (a ragged prefill chunk). Only the last ``window`` tokens of each sequence's chunk
+  are written (the only ones a later step can read) unless ``full_retain``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_rows, check_same_device,
+                      check_swa_geometry, launch_tiles, max_swa_page, require_triton, triton, tl)
+
+__all__ = ["swa_write", "swa_write_ref", "swa_write_prefill", "swa_write_prefill_ref"]
+
+
+# ----------------------------------------------------------------------------------------------
+# checks
+# ----------------------------------------------------------------------------------------------
+
+def _check_dest(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, block_size: int,
+                row_stride: int) -> None:
+    check_swa_geometry(block_size, row_stride)
+    check_rows("rows", rows)
+    check_rows("k", k, dtype=rows.dtype, width=rows.shape[1])
+    check_index("swa_table", swa_table, (None, None))
+    n_pages = max_swa_page(rows.shape[0], block_size, row_stride)
+    check_range("swa_table", swa_table, -1, n_pages,
+                f"rows has {rows.shape[0]} rows = {n_pages} pages of row_stride {row_stride}; -1 = no page")
+
+
+def _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride) -> None:
+    _check_dest(k, rows, swa_table, block_size, row_stride)
+    check_index("seq_idx", seq_idx, (k.shape[0],))
+    check_index("positions", positions, (k.shape[0],))
+    check_same_device(k=k, rows=rows, swa_table=swa_table, seq_idx=seq_idx, positions=positions)
+    check_range("seq_idx", seq_idx, -1, swa_table.shape[0], "a row of swa_table, or -1 = padding")
+    check_range("positions", positions, -1, swa_table.shape[1] * block_size,
+                "positions covered by swa_table's logical blocks, or -1 = padding")
+
+
+def check_ragged(k_len: int, cu_seqlens: torch.Tensor, pos_start: torch.Tensor, max_pos: int) -> int:
+    """Check a ragged batch description; return the longest chunk. Shared with compressor_state."""
+    check_index("cu_seqlens", cu_seqlens, (None,))
+    num_seqs = cu_seqlens.shape[0] - 1
+    if num_seqs < 0:
+        raise ValueError("cu_seqlens must have num_seqs + 1 >= 1 entries")
+    check_index("pos_start", pos_start, (num_seqs,))
+    if num_seqs == 0:
+        return 0
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    check_range("cu_seqlens", cu_seqlens, 0, k_len + 1, "token offsets into the batch")
+    check_range("chunk lengths cu_seqlens[1:] - cu_seqlens[:-1]", lens, 0, k_len + 1, "must not decrease")
+    check_range("pos_start", pos_start, 0, max_pos + 1, "absolute position of each chunk's first token")
+    check_range("pos_start + chunk length", pos_start + lens, 0, max_pos + 1, "covered by the table")
+    return int(lens.max())
+
+
+def _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window) -> int:
+    _check_dest(k, rows, swa_table, block_size, row_stride)
+    check_positive("window", window)
+    check_same_device(k=k, rows=rows, swa_table=swa_table, cu_seqlens=cu_seqlens, pos_start=pos_start)
+    max_len = check_ragged(k.shape[0], cu_seqlens, pos_start, swa_table.shape[1] * block_size)
+    if cu_seqlens.shape[0] - 1 != swa_table.shape[0]:
+        raise ValueError(f"swa_table has {swa_table.shape[0]} rows but cu_seqlens describes "
+                         f"{cu_seqlens.shape[0] - 1} sequences")
+    return max_len
+
+
+def ragged_tokens(cu_seqlens: torch.Tensor, pos_start: torch.Tensor, keep_last: int | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token index, sequence index, position) of the tokens of a ragged batch, in token order.
+
+    With ``keep_last`` only the last ``keep_last`` tokens of each sequence's chunk are listed.
+    """
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    seq = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens)
+    tok = torch.arange(int(lens.sum()), device=lens.device) + cu_seqlens[0].long()
+    local = tok - cu_seqlens[:-1].long()[seq]
+    pos = pos_start.long()[seq] + local
+    if keep_last is not None:
+        keep = local >= lens[seq] - keep_last
+        tok, seq, pos = tok[keep], seq[keep], pos[keep]
+    return tok, seq, pos
+
+
+# ----------------------------------------------------------------------------------------------
+# torch references
+# ----------------------------------------------------------------------------------------------
+
+def _scatter_ref(k, rows, swa_table, tok, seq, pos, block_size, row_stride) -> None:
+    page = swa_table[seq, pos // block_size].long()
+    keep = page >= 0
+    dst = page[keep] * row_stride + pos[keep] % block_size
+    rows[dst] = k[tok[keep]]
+
+
+def swa_write_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
+                  positions: torch.Tensor, *, block_size: int, row_stride: int) -> None:
+    """Torch reference of :func:`swa_write` (same contract)."""
+    _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride)
+    tok = ((seq_idx >= 0) & (positions >= 0)).nonzero().squeeze(1)
+    _scatter_ref(k, rows, swa_table, tok, seq_idx[tok].long(), positions[tok].long(), block_size, row_stride)
+
+
+def swa_write_prefill_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor,
+                          cu_seqlens: torch.Tensor, pos_start: torch.Tensor, *, block_size: int,
+                          row_stride: int, window: int, full_retain: bool = False) -> None:
+    """Torch reference of :func:`swa_write_prefill` (same contract)."""
+    _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window)
+    tok, seq, pos = ragged_tokens(cu_seqlens, pos_start, None if full_retain else window)
+    _scatter_ref(k, rows, swa_table, tok, seq, pos, block_size, row_stride)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton
+# ----------------------------------------------------------------------------------------------
+
+if HAS_TRITON:
+    from ._common import copy_rows
+
+    @triton.jit
+    def _swa_write_tokens_kernel(k_ptr, rows_ptr, table_ptr, seq_ptr, pos_ptr, num_tokens, width,
+                                 k_stride, rows_stride, table_stride, block_size, row_stride,
+                                 BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        ok = t < num_tokens
+        seq = tl.load(seq_ptr + t, mask=ok, other=-1)
+        pos = tl.load(pos_ptr + t, mask=ok, other=-1)
+        ok = ok & (seq >= 0) & (pos >= 0)
+        page = tl.load(table_ptr + seq.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
+        ok = ok & (page >= 0)
+        dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride
+        copy_rows(k_ptr, t.to(tl.int64) * k_stride, rows_ptr, dst, ok, width, BLOCK_W)
+
+    @triton.jit
+    def _swa_write_prefill_kernel(k_ptr, rows_ptr, table_ptr, cu_ptr, pstart_ptr, width, k_stride,
+                                  rows_stride, table_stride, block_size, row_stride, window,
+                                  FULL_RETAIN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+        s = tl.program_id(0)
+        start = tl.load(cu_ptr + s)
+        n = tl.load(cu_ptr + s + 1) - start
+        j0 = 0
+        if not FULL_RETAIN:
+            j0 = tl.maximum(n - window, 0)
+        j = j0 + tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        ok = j < n
+        pos = tl.load(pstart_ptr + s) + j
+        page = tl.load(table_ptr + s.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
+        ok = ok & (page >= 0)
+        dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride
+        copy_rows(k_ptr, (start + j).to(tl.int64) * k_stride, rows_ptr, dst, ok, width, BLOCK_W)
+
+
+def swa_write(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
+              positions: torch.Tensor, *, block_size: int, row_stride: int) -> None:
+    """Write ``k[t]`` into the SWA row of token ``t`` (sequence ``seq_idx[t]``, position ``positions[t]``).
+
+    Args:
+        k: ``[num_tokens, width]`` new rows, same dtype as ``rows``, inner dim contiguous.
+        rows: ``[num_rows, width]`` the layer's SWA row view (any row stride, inner dim contiguous).
+        swa_table: int32 ``[num_seqs, max_blocks]`` physical SWA page per logical block, -1 = none.
+        seq_idx, positions: int32 ``[num_tokens]``; -1 in either marks a padding token (skipped).
+        block_size: tokens per logical block (the position modulus).
+        row_stride: physical rows between consecutive SWA pages of the layer (>= block_size).
+
+    Raises ValueError before launch on a wrong dtype, shape, layout or an out-of-range value.
+    """
+    _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride)
+    require_triton("swa_write")
+    if k.shape[0] == 0:
+        return
+    bt, bw = launch_tiles(k.device, k.shape[1])
+    grid = (triton.cdiv(k.shape[0], bt),)
+    _swa_write_tokens_kernel[grid](k, rows, swa_table, seq_idx, positions, k.shape[0], k.shape[1],
+                                   k.stride(0), rows.stride(0), swa_table.stride(0), block_size, row_stride,
+                                   BLOCK_T=bt, BLOCK_W=bw)
+
+
+def swa_write_prefill(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, cu_seqlens: torch.Tensor,
+                      pos_start: torch.Tensor, *, block_size: int, row_stride: int, window: int,
+                      full_retain: bool = False) -> None:
+    """Write a ragged prefill chunk's K rows into the SWA rows, window-only unless ``full_retain``.
+
+    Sequence ``s`` owns tokens ``cu_seqlens[s] .. cu_seqlens[s+1]-1`` of ``k``; its token ``j`` sits
+    at position ``pos_start[s] + j``. Without ``full_retain`` only tokens ``j >= len_s - window`` are
+    written. ``swa_table`` has one row per sequence. Other arguments as in :func:`swa_write`.
+    """
+    max_len = _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window)
+    require_triton("swa_write_prefill")
+    span = max_len if full_retain else min(max_len, window)
+    if span == 0:
+        return
+    bt, bw = launch_tiles(k.device, k.shape[1])
+    grid = (swa_table.shape[0], triton.cdiv(span, bt))
+    _swa_write_prefill_kernel[grid](k, rows, swa_table, cu_seqlens, pos_start, k.shape[1], k.stride(0),
+                                    rows.stride(0), swa_table.stride(0), block_size, row_stride, window,
+                                    FULL_RETAIN=bool(full_retain), BLOCK_T=bt, BLOCK_W=bw)
