@@ -1,0 +1,286 @@
+"""Frozen configuration objects, validated on construction.
+
+Each subsystem gets its own small config; a bad value raises ``ValueError`` naming the field, the
+value and what is accepted. Values measured at run time (how many chunks the arena got) live in
+result objects such as :class:`atom.model_engine.kv_layout.KvLayout`, never back in a config.
+
+This module is pure Python (no torch): the control plane imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from atom.envs import AtomEnv
+from atom.model_engine.kv_group import CSA_RATIO, is_csa, is_hca
+
+__all__ = [
+    "KV_ROW_FORMATS",
+    "Dsv4KvSpec",
+    "CacheConfig",
+    "SchedulerConfig",
+    "load_hf_config",
+    "preset_path",
+]
+
+#: Row formats the arena knows how to size. ``fp8_ds_mla`` is the production layout of DeepSeek-V4
+#: (FP8-e4m3 NoPE + bf16 RoPE + ue8m0 scales per 64 NoPE values, padded to 8 bytes) with an FP8
+#: indexer key plus one fp32 scale; ``bf16`` and ``fp32`` store plain rows (fp32 is what the CPU
+#: reference engine runs).
+KV_ROW_FORMATS = ("fp8_ds_mla", "bf16", "fp32")
+
+_CSA_STATE_ROWS = 4  # overlap rows of the CSA compressors kept at a block boundary
+_FP32 = 4
+
+
+def _require_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+    if value < minimum:
+        raise ValueError(f"{name}={value!r} must be >= {minimum}")
+
+
+@dataclass(frozen=True)
+class Dsv4KvSpec:
+    """What DeepSeek-V4 keeps per token and per request, as the arena needs to size itself.
+
+    ``compress_ratios`` has one entry per *cached* layer (main layers, then MTP layers): 0 = SWA
+    only, 4 = CSA (overlapping compressor + lightning indexer), anything else = HCA. Every layer
+    has the sliding-window branch. ``block_size`` (tokens per logical block) must be a multiple of
+    every non-zero ratio so that a block boundary is also a compression boundary; it defaults to
+    their least common multiple.
+    """
+
+    compress_ratios: tuple[int, ...]
+    sliding_window: int
+    head_dim: int
+    rope_head_dim: int
+    index_head_dim: int
+    row_format: str = "fp8_ds_mla"
+    num_mtp_layers: int = 0
+    block_size: int = 0  # 0 = lcm of the ratios
+
+    def __post_init__(self) -> None:
+        ratios = tuple(self.compress_ratios)
+        object.__setattr__(self, "compress_ratios", ratios)
+        if not ratios:
+            raise ValueError("compress_ratios is empty; give one ratio per layer (0, 4 or an HCA ratio)")
+        for r in ratios:
+            _require_int("compress_ratios entry", r, 0)
+        for name in ("sliding_window", "head_dim", "index_head_dim"):
+            _require_int(name, getattr(self, name), 1)
+        _require_int("rope_head_dim", self.rope_head_dim, 0)
+        _require_int("num_mtp_layers", self.num_mtp_layers, 0)
+        _require_int("block_size", self.block_size, 0)
+        if self.rope_head_dim > self.head_dim:
+            raise ValueError(f"rope_head_dim={self.rope_head_dim} exceeds head_dim={self.head_dim}")
+        if self.row_format not in KV_ROW_FORMATS:
+            raise ValueError(f"row_format={self.row_format!r}; accepted: {', '.join(KV_ROW_FORMATS)}")
+        if self.num_mtp_layers >= len(ratios):
+            raise ValueError(f"num_mtp_layers={self.num_mtp_layers} leaves no main layer in {len(ratios)} ratios")
+        lcm = self.ratio_lcm
+        if self.block_size == 0:
+            object.__setattr__(self, "block_size", max(lcm, _CSA_STATE_ROWS))
+        elif self.block_size % lcm:
+            raise ValueError(f"block_size={self.block_size} must be a multiple of every compress ratio (lcm {lcm})")
+        if any(is_csa(r) for r in ratios) and self.block_size < 2 * CSA_RATIO:
+            raise ValueError(f"block_size={self.block_size} must be >= 8 when CSA layers exist")
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any], row_format: str = "fp8_ds_mla",
+                       include_mtp: bool = True, block_size: int = 0) -> "Dsv4KvSpec":
+        """Build from a Hugging Face DeepSeek-V4 ``config.json`` dict.
+
+        ``include_mtp=False`` drops the MTP layers' SWA cache (an engine that does not run MTP).
+        """
+        required = ("compress_ratios", "sliding_window", "head_dim", "qk_rope_head_dim",
+                    "index_head_dim", "num_hidden_layers")
+        missing = [k for k in required if k not in cfg]
+        if missing:
+            raise ValueError(f"config.json lacks {', '.join(missing)} (needed to size the KV cache)")
+        n_main = cfg["num_hidden_layers"]
+        n_mtp = cfg.get("num_nextn_predict_layers", 0)
+        ratios = tuple(cfg["compress_ratios"])
+        if len(ratios) != n_main + n_mtp:
+            raise ValueError(
+                f"compress_ratios has {len(ratios)} entries; expected num_hidden_layers + "
+                f"num_nextn_predict_layers = {n_main} + {n_mtp}")
+        if not include_mtp:
+            ratios, n_mtp = ratios[:n_main], 0
+        return cls(compress_ratios=ratios, sliding_window=cfg["sliding_window"],
+                   head_dim=cfg["head_dim"], rope_head_dim=cfg["qk_rope_head_dim"],
+                   index_head_dim=cfg["index_head_dim"], row_format=row_format,
+                   num_mtp_layers=n_mtp, block_size=block_size)
+
+    # ---- layer classes ------------------------------------------------------------------------
+    @property
+    def ratio_lcm(self) -> int:
+        return math.lcm(*[r for r in self.compress_ratios if r > 0] or [1])
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.compress_ratios)
+
+    @property
+    def csa_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, r in enumerate(self.compress_ratios) if is_csa(r))
+
+    @property
+    def hca_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, r in enumerate(self.compress_ratios) if is_hca(r))
+
+    @property
+    def compressed_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, r in enumerate(self.compress_ratios) if r > 0)
+
+    # ---- row sizes (bytes) --------------------------------------------------------------------
+    @property
+    def main_row_bytes(self) -> int:
+        """One SWA or compressed KV row of one layer."""
+        if self.row_format == "fp8_ds_mla":
+            nope = self.head_dim - self.rope_head_dim
+            raw = nope + 2 * self.rope_head_dim + math.ceil(nope / 64)
+            return -(-raw // 8) * 8
+        return self.head_dim * (2 if self.row_format == "bf16" else 4)
+
+    @property
+    def index_row_bytes(self) -> int:
+        """One lightning-indexer key row of one CSA layer."""
+        if self.row_format == "fp8_ds_mla":
+            return self.index_head_dim + _FP32
+        return self.index_head_dim * (2 if self.row_format == "bf16" else 4)
+
+    @property
+    def csa_state_bytes(self) -> int:
+        """The CSA boundary state of one c4 layer: 4 overlap rows of kv and score, main + indexer, fp32."""
+        width = 2 * self.head_dim + 2 * self.index_head_dim
+        return _CSA_STATE_ROWS * width * 2 * _FP32
+
+    def compressor_state_bytes(self, layer: int) -> int:
+        """Live compressor state of one request in one layer (fp32 kv + score ring)."""
+        r = self.compress_ratios[layer]
+        if r == 0:
+            return 0
+        if is_csa(r):
+            return 2 * r * (2 * self.head_dim + 2 * self.index_head_dim) * 2 * _FP32
+        return r * self.head_dim * 2 * _FP32
+
+    @property
+    def request_state_bytes(self) -> int:
+        """Live compressor state of one request, all layers."""
+        return sum(self.compressor_state_bytes(i) for i in range(self.num_layers))
+
+    # ---- per-block sizes (bytes, exact, no padding) -------------------------------------------
+    @property
+    def swa_block_bytes(self) -> int:
+        """One SWA block: B rows for every layer plus each c4 layer's CSA boundary state."""
+        return self.block_size * self.main_row_bytes * self.num_layers + len(self.csa_layers) * self.csa_state_bytes
+
+    def entries_per_block(self, layer: int) -> int:
+        r = self.compress_ratios[layer]
+        return self.block_size // r if r else 0
+
+    @property
+    def compressed_block_bytes(self) -> int:
+        """One compressed block: the compressed rows (and indexer keys) of B tokens, every layer."""
+        total = 0
+        for layer in self.compressed_layers:
+            per_entry = self.main_row_bytes
+            if is_csa(self.compress_ratios[layer]):
+                per_entry += self.index_row_bytes
+            total += self.entries_per_block(layer) * per_entry
+        return total
+
+    @property
+    def tail_blocks(self) -> int:
+        """SWA blocks that hold the window before a block boundary (the W-1 previous rows)."""
+        return max(1, math.ceil((self.sliding_window - 1) / self.block_size))
+
+
+def load_hf_config(path: str | Path) -> dict[str, Any]:
+    """Read a ``config.json`` (a file, or a directory holding one) with a clear error."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ValueError(f"no config.json at {p}")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def preset_path(name: str) -> Path:
+    """Path of a bundled published config: ``deepseek_v4_flash`` or ``deepseek_v4_pro``."""
+    p = Path(__file__).parent / "configs" / f"{name}.json"
+    if not p.is_file():
+        known = sorted(q.stem for q in p.parent.glob("*.json"))
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(known)}")
+    return p
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How the KV arena is sized and how the prefix cache behaves.
+
+    ``chunk_pages`` = SWA blocks per arena chunk (0 = choose the smallest that packs compressed
+    blocks at ``packing_target`` efficiency or better). Retention settings come from the
+    environment through :meth:`from_env` (``ATOM_SWA_FULL_RETAIN``, ``ATOM_SWA_RETENTION_INTERVAL``,
+    ``ATOM_SWA_PIN_FRACTION``) and are plain fields afterwards.
+    """
+
+    kv_cache_bytes: int
+    max_model_len: int
+    max_num_seqs: int
+    enable_prefix_caching: bool = True
+    swa_full_retain: bool = False
+    swa_retention_interval: int = 0
+    swa_pin_fraction: float = 0.25
+    chunk_pages: int = 0
+    packing_target: float = 0.985
+    max_chunk_pages: int = 8
+
+    def __post_init__(self) -> None:
+        _require_int("kv_cache_bytes", self.kv_cache_bytes, 1)
+        _require_int("max_model_len", self.max_model_len, 1)
+        _require_int("max_num_seqs", self.max_num_seqs, 1)
+        _require_int("swa_retention_interval", self.swa_retention_interval, 0)
+        _require_int("chunk_pages", self.chunk_pages, 0)
+        _require_int("max_chunk_pages", self.max_chunk_pages, 1)
+        if not 0.0 < self.swa_pin_fraction <= 1.0:
+            raise ValueError(f"swa_pin_fraction={self.swa_pin_fraction} must be in (0, 1]")
+        if not 0.0 < self.packing_target <= 1.0:
+            raise ValueError(f"packing_target={self.packing_target} must be in (0, 1]")
+        if self.swa_retention_interval and not self.swa_full_retain:
+            raise ValueError(
+                f"swa_retention_interval={self.swa_retention_interval} needs swa_full_retain "
+                "(ATOM_SWA_RETENTION_INTERVAL only applies with ATOM_SWA_FULL_RETAIN=1)")
+
+    @classmethod
+    def from_env(cls, env: AtomEnv, **fields_: Any) -> "CacheConfig":
+        """Fill the retention fields from the parsed environment; other fields from ``fields_``."""
+        return cls(swa_full_retain=env.swa_full_retain,
+                   swa_retention_interval=env.swa_retention_interval,
+                   swa_pin_fraction=env.swa_pin_fraction, **fields_)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Token-budget scheduling limits."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+
+    def __post_init__(self) -> None:
+        _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _require_int("max_num_seqs", self.max_num_seqs, 1)
+        _require_int("max_model_len", self.max_model_len, 1)

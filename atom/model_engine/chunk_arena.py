@@ -1,0 +1,176 @@
+"""Equal-size byte chunks and the per-owner page allocators that borrow them.
+
+``ChunkArena`` knows only which chunks are free. ``ChunkBackedFreeList`` is one owner's page
+allocator: it borrows whole chunks from the arena, cuts each into ``pages_per_chunk`` pages, and
+returns a chunk only when every one of its pages is free again. A chunk therefore belongs to the
+arena or to exactly one owner, which is what lets each owner lay out the chunk's bytes its own way
+without ever aliasing another owner's data.
+
+Page ids are physical: ``page = chunk * pages_per_chunk + local``. Each owner numbers its pages in
+its own space (SWA pages and compressed pages are different units).
+
+Every operation is O(1) in the number of chunks (O(pages_per_chunk) at worst, a small constant).
+Misuse is loud: a double free, a free of a page whose chunk went back to the arena, or a free of a
+page this owner never held raises :class:`ArenaError`; borrowing from an empty arena raises
+:class:`ArenaEmpty`, which callers turn into eviction or preemption.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ArenaEmpty", "ArenaError", "ChunkArena", "ChunkBackedFreeList"]
+
+
+class ArenaEmpty(Exception):
+    """Neither a free page in the owner's chunks nor a free chunk in the arena."""
+
+
+class ArenaError(RuntimeError):
+    """A page or chunk was used against the single-owner contract (a caller bug)."""
+
+
+class ChunkArena:
+    """The free chunks of one byte buffer. Free chunks are reused last-in first-out.
+
+    Chunk ids start handed out in ascending order (0, 1, 2, ...), so a fresh arena fills from the
+    front of the buffer.
+    """
+
+    def __init__(self, num_chunks: int) -> None:
+        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 0:
+            raise ValueError(f"num_chunks={num_chunks!r} must be an integer >= 0")
+        self.num_chunks = num_chunks
+        self._free: list[int] = list(range(num_chunks - 1, -1, -1))
+        self._is_free = [True] * num_chunks
+
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def is_free(self, chunk: int) -> bool:
+        return self._is_free[chunk]
+
+    def acquire(self) -> int:
+        """Take one free chunk; raises :class:`ArenaEmpty` if none is left."""
+        if not self._free:
+            raise ArenaEmpty(f"all {self.num_chunks} arena chunks are in use")
+        chunk = self._free.pop()
+        self._is_free[chunk] = False
+        return chunk
+
+    def release(self, chunk: int) -> None:
+        """Give a chunk back. Releasing a free or unknown chunk raises :class:`ArenaError`."""
+        if not 0 <= chunk < self.num_chunks:
+            raise ArenaError(f"chunk {chunk} is outside the arena (0..{self.num_chunks - 1})")
+        if self._is_free[chunk]:
+            raise ArenaError(f"chunk {chunk} released twice")
+        self._is_free[chunk] = True
+        self._free.append(chunk)
+
+    def check_integrity(self) -> None:
+        assert len(set(self._free)) == len(self._free), "a chunk is on the free stack twice"
+        assert sorted(self._free) == [c for c in range(self.num_chunks) if self._is_free[c]]
+
+
+class ChunkBackedFreeList:
+    """One owner's page allocator over borrowed chunks, packing pages into the fullest chunk.
+
+    ``pop`` takes a free page from the owned chunk with the most pages in use (so lightly used
+    chunks drain and can go back to the arena); only when no owned chunk has a free page does it
+    borrow a new chunk. ``free`` returns the chunk to the arena once all its pages are free.
+    """
+
+    def __init__(self, arena: ChunkArena, pages_per_chunk: int, name: str) -> None:
+        if isinstance(pages_per_chunk, bool) or not isinstance(pages_per_chunk, int) or pages_per_chunk < 1:
+            raise ValueError(f"pages_per_chunk={pages_per_chunk!r} must be an integer >= 1")
+        self.arena = arena
+        self.pages_per_chunk = pages_per_chunk
+        self.name = name
+        # chunk -> local page indices that are free (a stack; lowest local index on top at start)
+        self._free_local: dict[int, list[int]] = {}
+        # _by_used[u] = chunks with exactly u pages in use, 1 <= u < pages_per_chunk (dict = ordered set)
+        self._by_used: list[dict[int, None]] = [{} for _ in range(pages_per_chunk)]
+        self._num_used = 0
+
+    # ---- queries ------------------------------------------------------------------------------
+    def owned_chunks(self) -> list[int]:
+        return list(self._free_local)
+
+    def owns_chunk(self, chunk: int) -> bool:
+        return chunk in self._free_local
+
+    def num_used(self) -> int:
+        return self._num_used
+
+    def free_now(self) -> int:
+        """Free pages inside chunks this owner already holds."""
+        return len(self._free_local) * self.pages_per_chunk - self._num_used
+
+    def available(self) -> int:
+        """Pages obtainable without evicting anything: own free pages + whole free chunks."""
+        return self.free_now() + self.arena.num_free() * self.pages_per_chunk
+
+    def chunks_needed(self, n: int) -> int:
+        """Arena chunks that allocating ``n`` more pages would borrow."""
+        short = n - self.free_now()
+        return 0 if short <= 0 else -(-short // self.pages_per_chunk)
+
+    def used_in_chunk(self, chunk: int) -> int:
+        return self.pages_per_chunk - len(self._free_local[chunk])
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def pop(self) -> int:
+        """Allocate one page; raises :class:`ArenaEmpty` if neither a page nor a chunk is free."""
+        chunk = self._fullest_partial_chunk()
+        if chunk is None:
+            chunk = self.arena.acquire()
+            self._free_local[chunk] = list(range(self.pages_per_chunk - 1, -1, -1))
+            used = 0
+        else:
+            used = self.used_in_chunk(chunk)
+            del self._by_used[used][chunk]
+        local = self._free_local[chunk].pop()
+        if used + 1 < self.pages_per_chunk:
+            self._by_used[used + 1][chunk] = None
+        self._num_used += 1
+        return chunk * self.pages_per_chunk + local
+
+    def free(self, page: int) -> None:
+        """Return one page; the chunk goes back to the arena when all its pages are free."""
+        chunk, local = divmod(page, self.pages_per_chunk)
+        free_local = self._free_local.get(chunk)
+        if free_local is None:
+            raise ArenaError(
+                f"{self.name}: page {page} is in chunk {chunk}, which this owner does not hold "
+                "(already returned to the arena, or never borrowed)")
+        if local in free_local:
+            raise ArenaError(f"{self.name}: page {page} freed twice")
+        used = self.pages_per_chunk - len(free_local)
+        if used < self.pages_per_chunk:
+            del self._by_used[used][chunk]
+        free_local.append(local)
+        self._num_used -= 1
+        if used == 1:
+            del self._free_local[chunk]
+            self.arena.release(chunk)
+        else:
+            self._by_used[used - 1][chunk] = None
+
+    def _fullest_partial_chunk(self) -> int | None:
+        for used in range(self.pages_per_chunk - 1, 0, -1):
+            bucket = self._by_used[used]
+            if bucket:
+                return next(reversed(bucket))
+        return None
+
+    def check_integrity(self) -> None:
+        used = 0
+        for chunk, free_local in self._free_local.items():
+            assert not self.arena.is_free(chunk), f"{self.name}: owns chunk {chunk} that the arena calls free"
+            assert len(set(free_local)) == len(free_local), f"{self.name}: chunk {chunk} lists a page twice"
+            assert all(0 <= p < self.pages_per_chunk for p in free_local)
+            n_used = self.pages_per_chunk - len(free_local)
+            assert 1 <= n_used <= self.pages_per_chunk, f"{self.name}: owns fully free chunk {chunk}"
+            in_bucket = [u for u, b in enumerate(self._by_used) if chunk in b]
+            expect = [] if n_used == self.pages_per_chunk else [n_used]
+            assert in_bucket == expect, f"{self.name}: chunk {chunk} in buckets {in_bucket}, expected {expect}"
+            used += n_used
+        assert used == self._num_used, f"{self.name}: used count {self._num_used} != {used}"

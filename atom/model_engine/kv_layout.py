@@ -1,0 +1,311 @@
+"""Sizing the KV arena: a pure function from (KV spec, byte budget, live requests) to a layout.
+
+One flat byte buffer is cut into ``num_chunks`` equal chunks. A chunk spans **all layers**:
+
+    SWA-owned chunk (m SWA pages; page p starts at byte p * swa_page_bytes of the buffer)
+    +-- page 0 ----------------------------------------------------------------+-- page 1 ...
+    | L0: B rows | L1: B rows | ... | Ln: B rows | CSA state of each c4 layer | pad |
+    +--------------------------------------------------------------------------+
+    (CSA state of one c4 layer = 4 overlap rows x [main kv | main score | idx kv | idx score], fp32)
+
+    compress-owned chunk (k compressed pages, laid out layer by layer)
+    +-------------------------------------------------------------------------------------+
+    | Lc1 main rows of pages 0..k-1 | Lc2 main ... | c4 indexer rows of pages 0..k-1 | pad |
+    +-------------------------------------------------------------------------------------+
+
+So an owner never holds bytes that some of its layers cannot use (ATOM's per-layer tensors with a
+uniform chunk count per ratio group did, and lost ~39% of compressed capacity). The SWA page count
+per chunk ``m`` is *chosen*: with one SWA page per chunk the compressed pages leave a remainder
+(V4-Flash fp8: 8 pages fill 95.0%); ``m`` is the smallest value whose compressed packing reaches the
+target.
+
+Addressing contract (what the kernels compute; all views are 2D ``rows[num_rows, row_bytes]``
+starting at :attr:`RowRegion.offset`):
+
+    row(page, slot) = (page // pages_per_chunk) * chunk_rows + (page % pages_per_chunk) * page_rows + slot
+
+For SWA rows this reduces to ``page * row_stride + pos % block_size`` (``row_stride`` =
+``page_rows``, distinct from ``block_size``). Row sizes divide the page and chunk strides (the SWA
+page is padded by at most a few KiB to make that true).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from atom.config import Dsv4KvSpec
+from atom.model_engine.kv_group import group_of_ratio, is_csa
+
+__all__ = ["ArenaGroupSpec", "RowRegion", "CsaStateRegion", "KvLayout", "plan_kv_layout",
+           "InsufficientKvMemory", "choose_chunk_pages"]
+
+_ALIGN = 8  # every region starts 8-byte aligned so fp32 / bf16 / uint8 views are all legal
+
+
+class InsufficientKvMemory(ValueError):
+    """The byte budget cannot hold even one request of the maximum length."""
+
+
+@dataclass(frozen=True)
+class RowRegion:
+    """Where one layer's rows of one kind live, for building a 2D row view over the buffer."""
+
+    layer: int
+    kind: str  # "swa" | "compressed" | "index"
+    offset: int  # byte offset of row 0 in the buffer
+    row_bytes: int
+    pages_per_chunk: int
+    chunk_rows: int  # rows between the same page slot of consecutive chunks
+    page_rows: int  # rows between consecutive pages of one chunk (SWA: row_stride)
+    used_rows: int  # rows of a page that hold data (SWA: block_size; compressed: entries per block)
+    num_rows: int  # rows the view spans (from offset to the end of the buffer)
+
+    def row(self, page: int, slot: int) -> int:
+        assert 0 <= slot < self.used_rows, f"slot {slot} outside 0..{self.used_rows - 1}"
+        chunk, local = divmod(page, self.pages_per_chunk)
+        return chunk * self.chunk_rows + local * self.page_rows + slot
+
+
+@dataclass(frozen=True)
+class CsaStateRegion:
+    """The fused CSA boundary state of one c4 layer inside every SWA page (fp32, 4 rows each)."""
+
+    layer: int
+    offset: int  # byte offset of SWA page 0's state block for this layer
+    page_stride: int  # bytes between consecutive SWA pages
+    main_width: int  # 2 * head_dim
+    index_width: int  # 2 * index_head_dim
+
+    @property
+    def parts(self) -> dict[str, tuple[int, int]]:
+        """name -> (byte offset relative to :attr:`offset`, width in fp32 elements)."""
+        m, i = 4 * self.main_width * 4, 4 * self.index_width * 4
+        return {"main_kv": (0, self.main_width), "main_score": (m, self.main_width),
+                "index_kv": (2 * m, self.index_width), "index_score": (2 * m + i, self.index_width)}
+
+
+@dataclass(frozen=True)
+class ArenaGroupSpec:
+    """How one ratio group (``dense``, ``c4``, ``c128`` ...) lays out its layers inside a chunk."""
+
+    name: str
+    ratio: int
+    layers: tuple[int, ...]
+    entries_per_block: int
+    swa_offsets: tuple[int, ...]  # per layer, inside an SWA page
+    compressed_offsets: tuple[int, ...]  # per layer, inside a compress-owned chunk (empty for dense)
+    index_offsets: tuple[int, ...]  # per layer (c4 only)
+    csa_state_offs: tuple[int, ...]  # per layer, inside an SWA page (c4 only)
+
+
+def _round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+def _swa_page_bytes(spec: Dsv4KvSpec, m: int) -> int:
+    """Exact SWA block bytes padded so rows tile the page and index rows tile the chunk."""
+    r, ri = spec.main_row_bytes, spec.index_row_bytes
+    unit = math.lcm(r, _ALIGN)
+    if spec.csa_layers:
+        unit = math.lcm(unit, ri // math.gcd(m, ri))
+    return _round_up(spec.swa_block_bytes, unit)
+
+
+def _compress_chunk_bytes(spec: Dsv4KvSpec, k: int) -> int:
+    """Bytes the layer-major compressed layout of ``k`` pages needs inside one chunk."""
+    total = 0
+    for layer in spec.compressed_layers:
+        total = _round_up(total, _ALIGN) + k * spec.entries_per_block(layer) * spec.main_row_bytes
+    for layer in spec.csa_layers:
+        total = _round_up(total, _ALIGN) + k * spec.entries_per_block(layer) * spec.index_row_bytes
+    return total
+
+
+def _pages_that_fit(spec: Dsv4KvSpec, chunk_bytes: int) -> int:
+    k = chunk_bytes // spec.compressed_block_bytes if spec.compressed_block_bytes else 0
+    while k > 0 and _compress_chunk_bytes(spec, k) > chunk_bytes:
+        k -= 1
+    return k
+
+
+def choose_chunk_pages(spec: Dsv4KvSpec, target: float, max_pages: int) -> int:
+    """Smallest SWA pages per chunk whose compressed packing efficiency reaches ``target``
+    (the best one up to ``max_pages`` if none does). Models without compressed layers use 1."""
+    if not spec.compressed_layers:
+        return 1
+    best, best_eff = 1, -1.0
+    for m in range(1, max_pages + 1):
+        chunk = m * _swa_page_bytes(spec, m)
+        eff = _pages_that_fit(spec, chunk) * spec.compressed_block_bytes / chunk
+        if eff >= target:
+            return m
+        if eff > best_eff + 1e-12:
+            best, best_eff = m, eff
+    return best
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """The result of sizing: chunk geometry, counts, and per-layer row regions."""
+
+    spec: Dsv4KvSpec
+    kv_cache_bytes: int  # the whole budget (arena + live compressor-state pool)
+    max_live_requests: int
+    chunk_pages: int  # m: SWA pages per chunk
+    compress_pages_per_chunk: int  # k
+    swa_page_bytes: int
+    num_chunks: int
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.chunk_pages * self.swa_page_bytes
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.num_chunks * self.chunk_bytes
+
+    @property
+    def state_pool_bytes(self) -> int:
+        return self.max_live_requests * self.spec.request_state_bytes
+
+    @property
+    def max_swa_pages(self) -> int:
+        return self.num_chunks * self.chunk_pages
+
+    @property
+    def max_compressed_pages(self) -> int:
+        return self.num_chunks * self.compress_pages_per_chunk
+
+    # ---- efficiency ---------------------------------------------------------------------------
+    @property
+    def swa_packing(self) -> float:
+        """Share of an SWA-owned chunk holding SWA rows or CSA state (the rest is padding)."""
+        return self.spec.swa_block_bytes / self.swa_page_bytes
+
+    @property
+    def compressed_packing(self) -> float:
+        """Share of a compress-owned chunk holding compressed rows and indexer keys."""
+        if not self.compress_pages_per_chunk:
+            return 0.0
+        return self.compress_pages_per_chunk * self.spec.compressed_block_bytes / self.chunk_bytes
+
+    @property
+    def budget_remainder(self) -> float:
+        """Share of the budget left over after the state pool and whole chunks."""
+        return (self.kv_cache_bytes - self.state_pool_bytes - self.arena_bytes) / self.kv_cache_bytes
+
+    # ---- regions ------------------------------------------------------------------------------
+    @cached_property
+    def _swa_offsets(self) -> dict[int, int]:
+        b, r = self.spec.block_size, self.spec.main_row_bytes
+        return {layer: layer * b * r for layer in range(self.spec.num_layers)}
+
+    @cached_property
+    def _csa_state_offsets(self) -> dict[int, int]:
+        base = self.spec.num_layers * self.spec.block_size * self.spec.main_row_bytes
+        return {layer: base + i * self.spec.csa_state_bytes for i, layer in enumerate(self.spec.csa_layers)}
+
+    @cached_property
+    def _compressed_offsets(self) -> tuple[dict[int, int], dict[int, int]]:
+        spec, k = self.spec, self.compress_pages_per_chunk
+        main, index, total = {}, {}, 0
+        for layer in spec.compressed_layers:
+            total = _round_up(total, _ALIGN)
+            main[layer] = total
+            total += k * spec.entries_per_block(layer) * spec.main_row_bytes
+        for layer in spec.csa_layers:
+            total = _round_up(total, _ALIGN)
+            index[layer] = total
+            total += k * spec.entries_per_block(layer) * spec.index_row_bytes
+        assert total <= self.chunk_bytes, "compressed layout overflows the chunk"
+        return main, index
+
+    def swa_rows(self, layer: int) -> RowRegion:
+        r = self.spec.main_row_bytes
+        off = self._swa_offsets[layer]
+        stride = self.swa_page_bytes // r
+        return RowRegion(layer, "swa", off, r, self.chunk_pages, self.chunk_pages * stride, stride,
+                         self.spec.block_size, (self.arena_bytes - off) // r)
+
+    def compressed_rows(self, layer: int) -> RowRegion:
+        return self._compressed_region(layer, "compressed", self._compressed_offsets[0], self.spec.main_row_bytes)
+
+    def index_rows(self, layer: int) -> RowRegion:
+        return self._compressed_region(layer, "index", self._compressed_offsets[1], self.spec.index_row_bytes)
+
+    def _compressed_region(self, layer: int, kind: str, offsets: dict[int, int], row_bytes: int) -> RowRegion:
+        if layer not in offsets:
+            raise KeyError(f"layer {layer} (ratio {self.spec.compress_ratios[layer]}) has no {kind} rows")
+        off, epb = offsets[layer], self.spec.entries_per_block(layer)
+        assert self.chunk_bytes % row_bytes == 0
+        return RowRegion(layer, kind, off, row_bytes, self.compress_pages_per_chunk,
+                         self.chunk_bytes // row_bytes, epb, epb, (self.arena_bytes - off) // row_bytes)
+
+    def csa_state(self, layer: int) -> CsaStateRegion:
+        if layer not in self._csa_state_offsets:
+            raise KeyError(f"layer {layer} is not a CSA layer; only c4 layers carry boundary state")
+        return CsaStateRegion(layer, self._csa_state_offsets[layer], self.swa_page_bytes,
+                              2 * self.spec.head_dim, 2 * self.spec.index_head_dim)
+
+    def group_specs(self) -> dict[str, ArenaGroupSpec]:
+        """The layout grouped by ratio (``dense`` / ``c4`` / ``c128`` ...)."""
+        groups: dict[str, list[int]] = {}
+        for layer, ratio in enumerate(self.spec.compress_ratios):
+            groups.setdefault(group_of_ratio(ratio), []).append(layer)
+        main, index = self._compressed_offsets
+        out = {}
+        for name, layers in groups.items():
+            ratio = self.spec.compress_ratios[layers[0]]
+            out[name] = ArenaGroupSpec(
+                name, ratio, tuple(layers), self.spec.entries_per_block(layers[0]),
+                tuple(self._swa_offsets[lay] for lay in layers),
+                tuple(main[lay] for lay in layers if lay in main),
+                tuple(index[lay] for lay in layers if lay in index),
+                tuple(self._csa_state_offsets[lay] for lay in layers if is_csa(ratio)))
+        return out
+
+
+def request_chunks_needed(layout_m: int, layout_k: int, spec: Dsv4KvSpec, max_model_len: int) -> int:
+    """Chunks one request of ``max_model_len`` tokens needs: its window's SWA pages (plus the block
+    being written) and every compressed block."""
+    swa_pages = spec.tail_blocks + 1
+    chunks = -(-swa_pages // layout_m)
+    if spec.compressed_layers:
+        comp_pages = -(-max_model_len // spec.block_size)
+        chunks += -(-comp_pages // layout_k)
+    return chunks
+
+
+def plan_kv_layout(spec: Dsv4KvSpec, kv_cache_bytes: int, max_live_requests: int, max_model_len: int,
+                   chunk_pages: int = 0, packing_target: float = 0.985, max_chunk_pages: int = 8) -> KvLayout:
+    """Size the arena for ``spec`` inside ``kv_cache_bytes``.
+
+    The live compressor-state pool (``max_live_requests`` slots) is taken off the budget first;
+    the rest becomes whole chunks. Raises :class:`InsufficientKvMemory` (saying how many bytes are
+    needed) when one request of ``max_model_len`` tokens would not fit, and ``ValueError`` on a
+    negative or non-integer size.
+    """
+    for name, value in (("kv_cache_bytes", kv_cache_bytes), ("max_live_requests", max_live_requests),
+                        ("max_model_len", max_model_len), ("max_chunk_pages", max_chunk_pages)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    if isinstance(chunk_pages, bool) or not isinstance(chunk_pages, int) or chunk_pages < 0:
+        raise ValueError(f"chunk_pages={chunk_pages!r} must be an integer >= 0 (0 = choose)")
+    m = chunk_pages or choose_chunk_pages(spec, packing_target, max_chunk_pages)
+    spb = _swa_page_bytes(spec, m)
+    k = _pages_that_fit(spec, m * spb)
+    if spec.compressed_layers and k == 0:
+        raise ValueError(f"chunk_pages={m} gives chunks too small for one compressed block")
+    state = max_live_requests * spec.request_state_bytes
+    num_chunks = max(0, (kv_cache_bytes - state) // (m * spb))
+    need_chunks = request_chunks_needed(m, k, spec, max_model_len)
+    if num_chunks < need_chunks:
+        need = state + need_chunks * m * spb
+        raise InsufficientKvMemory(
+            f"KV cache budget {kv_cache_bytes} B ({kv_cache_bytes / 2**30:.3f} GiB) cannot hold one request "
+            f"of {max_model_len} tokens: it needs at least {need} B ({need / 2**30:.3f} GiB) = "
+            f"{need_chunks} chunks of {m * spb} B + compressor state for {max_live_requests} live "
+            f"requests ({state} B). Raise the KV memory, or lower max_model_len / max_num_seqs.")
+    return KvLayout(spec, kv_cache_bytes, max_live_requests, m, k, spb, num_chunks)

@@ -1,0 +1,124 @@
+"""DeepSeek-V4 attention: sliding window + (CSA top-k | HCA all) compressed entries, one shared K=V row.
+
+Per token at position t (``x`` = the block's normalised input):
+
+* ``project_q``: ``qr = q_norm(wq_a(x))``; ``q = wq_b(qr)`` as ``[H, c]``, per-head RMS norm without weight, RoPE
+  on the last ``rope_head_dim`` dims.  Returns ``(q, qr)``; the indexer reuses ``qr``.
+* ``project_kv``: ``kv = kv_norm(wkv(x))``, RoPE on the tail, FP8 round-trip of the NoPE dims when ``quant_sim``.
+  This row is what the SWA ring stores and what attention reads as both key and value.
+* rows of query t: window rows of positions ``max(0, t-W+1) .. t`` (oldest first, own row included), then the
+  compressed entries (CSA: indexer picks, ascending; HCA: all ``i < (t+1)//m``).
+* ``attend(q, rows, sink)``: softmax over ``q.rows * c^-0.5`` with ``exp(sink_h)`` added to the denominator only.
+* ``project_out``: inverse RoPE at t on each head's tail, grouped ``wo_a`` (one slice per group), then ``wo_b``.
+
+Attention is computed one query at a time so a query's result never depends on the chunk it was computed in.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .cache import LayerCache
+from .compressor import Compressor
+from .config import DeepseekV4Config
+from .indexer import Indexer
+from .layers import Linear, RMSNorm, rms_normalize
+from .quant import fp8_roundtrip
+from .rope import apply_rope, layer_frequencies
+
+
+def attend(q: torch.Tensor, rows: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query's attention: ``q [H, c]`` over ``rows [n, c]`` (keys = values), per-head ``sink [H]``."""
+    s = (q.float() @ rows.float().T) * scale
+    mx = torch.maximum(s.amax(dim=-1), sink.float())
+    p = torch.exp(s - mx[:, None])
+    denom = p.sum(dim=-1) + torch.exp(sink.float() - mx)
+    return (p @ rows.float()) / denom[:, None]
+
+
+class Attention(nn.Module):
+    """The attention sub-layer of block ``layer_id``."""
+
+    def __init__(self, cfg: DeepseekV4Config, layer_id: int, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.cfg, self.layer_id = cfg, layer_id
+        self.ratio = cfg.ratio(layer_id)
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.freqs = layer_frequencies(cfg, self.ratio)
+        rw, kw = cfg.batch_invariant, dict(dtype=dtype, device=device)
+        self.wq_a = Linear(cfg.dim, cfg.q_lora_rank, row_wise=rw, **kw)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps, **kw)
+        self.wq_b = Linear(cfg.q_lora_rank, cfg.n_heads * cfg.head_dim, row_wise=rw, **kw)
+        self.wkv = Linear(cfg.dim, cfg.head_dim, row_wise=rw, **kw)
+        self.kv_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, **kw)
+        group_in = cfg.n_heads * cfg.head_dim // cfg.o_groups
+        self.wo_a = Linear(group_in, cfg.o_groups * cfg.o_lora_rank, row_wise=rw, **kw)
+        self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, cfg.dim, row_wise=rw, **kw)
+        self.attn_sink = nn.Parameter(torch.empty(cfg.n_heads, dtype=torch.float32, device=device))
+        self.compressor = Compressor(cfg, self.ratio, cfg.head_dim, self.freqs, **kw) if self.ratio else None
+        self.indexer = Indexer(cfg, self.freqs, **kw) if self.ratio == 4 else None
+
+    # ----- separately callable pieces -----------------------------------------------------------------------------
+    def project_q(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q [T, H, c], qr [T, q_lora_rank])`` for ``x [T, dim]`` at ``positions [T]``."""
+        qr = self.q_norm(self.wq_a(x))
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
+        q = rms_normalize(q.float(), self.cfg.norm_eps).to(q.dtype)
+        return apply_rope(q, positions, self.freqs), qr
+
+    def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The shared K=V rows ``[T, c]`` exactly as cached (normed, rotated, round-tripped)."""
+        kv = apply_rope(self.kv_norm(self.wkv(x)), positions, self.freqs)
+        if self.cfg.quant_sim:
+            nope = self.cfg.nope_dim
+            kv = torch.cat((fp8_roundtrip(kv[:, :nope], self.cfg.fp8_block), kv[:, nope:]), dim=-1)
+        return kv
+
+    def attend(self, q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """One query ``[H, c]`` over its gathered rows ``[n, c]`` with this layer's sinks -> ``[H, c]``."""
+        return attend(q, rows, self.attn_sink, self.scale)
+
+    def project_out(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Inverse RoPE at the query positions, grouped ``wo_a``, then ``wo_b``: ``[T, H, c] -> [T, dim]``."""
+        o = apply_rope(o, positions, self.freqs, inverse=True)
+        g, r = self.cfg.o_groups, self.cfg.o_lora_rank
+        o = o.reshape(o.shape[0], g, -1)
+        wo_a = self.wo_a.weight.view(g, r, -1)
+        if self.cfg.batch_invariant:
+            parts = [torch.stack([o[t, k : k + 1] @ wo_a[k].T for k in range(g)]) for t in range(o.shape[0])]
+            z = torch.stack(parts).reshape(o.shape[0], g * r)
+        else:
+            z = torch.einsum("tgd,grd->tgr", o.to(wo_a.dtype), wo_a).flatten(1)
+        return self.wo_b(z)
+
+    # ----- the reference forward over one chunk -------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, lc: LayerCache, start_pos: int) -> torch.Tensor:
+        """Attention for chunk ``x [T, dim]`` at positions ``start_pos ..``; updates ``lc`` in place."""
+        T, W = x.shape[0], self.cfg.window_size
+        positions = torch.arange(start_pos, start_pos + T, device=x.device)
+        q, qr = self.project_q(x, positions)
+        kv = self.project_kv(x, positions)
+        first = max(0, start_pos - W + 1)
+        prev = lc.swa[[p % W for p in range(first, start_pos)]]
+        recent = torch.cat((prev.to(kv.dtype), kv), dim=0)  # positions first .. start_pos+T-1
+        for p in range(max(start_pos, start_pos + T - W), start_pos + T):
+            lc.swa[p % W] = kv[p - start_pos].to(lc.swa.dtype)
+        picks = None
+        if self.compressor is not None:
+            assert lc.state is not None and lc.entries is not None
+            self.compressor.extend(x, positions, lc.state, lc.entries)
+            if self.indexer is not None:
+                picks = self.indexer(x, qr, positions, lc)
+        outs = []
+        for j in range(T):
+            t = start_pos + j
+            rows = recent[max(0, t - W + 1) - first : t - first + 1]
+            if picks is not None:
+                rows = torch.cat((rows, lc.entries[picks[j]].to(rows.dtype)), dim=0)
+            elif self.compressor is not None:
+                rows = torch.cat((rows, lc.entries[: (t + 1) // self.ratio].to(rows.dtype)), dim=0)
+            outs.append(self.attend(q[j], rows))
+        return self.project_out(torch.stack(outs).to(x.dtype), positions)

@@ -1,0 +1,75 @@
+"""Lightning indexer (CSA layers): picks the top-k compressed entries each query attends to.
+
+Contract:
+
+* ``project_q(qr, positions) -> [T, nI, cI]``: ``wq_b(qr)`` per head, RoPE on the last ``rope_head_dim`` dims at
+  the query position; with ``quant_sim`` a Hadamard rotation and an FP4 round-trip.  (Without quantization the
+  Hadamard rotation cancels between q and k and is omitted.)
+* ``head_weights(x) -> [T, nI]``: ``weights_proj(x) * cI^-0.5 * nI^-0.5``.
+* ``score(q_t, w_t, keys) -> [n]``: ``I[s] = sum_h w_h * relu(q_h . K_s)`` for one query over its ``n`` candidates.
+* ``select(scores, topk) -> LongTensor``: ``k = min(topk, n)`` best candidates, ties broken by lower index, returned
+  sorted ascending (canonical order, so attention sums rows in the same order every time).
+* Keys come from the indexer's own compressor (c = cI, overlapping, ratio 4) stored in ``LayerCache.index_keys``;
+  query ``t`` may pick among entries ``s < (t + 1) // 4``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .cache import LayerCache
+from .compressor import Compressor
+from .config import DeepseekV4Config
+from .layers import Linear
+from .quant import fp4_roundtrip, hadamard_rotate
+from .rope import apply_rope
+
+
+class Indexer(nn.Module):
+    """The lightning indexer of one CSA layer."""
+
+    def __init__(self, cfg: DeepseekV4Config, freqs: torch.Tensor, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.cfg, self.freqs = cfg, freqs
+        self.n_heads, self.head_dim = cfg.index_n_heads, cfg.index_head_dim
+        rw = cfg.batch_invariant
+        self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, row_wise=rw, dtype=dtype, device=device)
+        self.weights_proj = Linear(cfg.dim, self.n_heads, row_wise=rw, dtype=dtype, device=device)
+        self.compressor = Compressor(cfg, 4, self.head_dim, freqs, for_indexer=True, dtype=dtype, device=device)
+        self.weight_scale = self.head_dim**-0.5 * self.n_heads**-0.5
+
+    def project_q(self, qr: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
+        q = apply_rope(q, positions, self.freqs)
+        if self.cfg.quant_sim:
+            q = fp4_roundtrip(hadamard_rotate(q), self.cfg.fp4_block)
+        return q
+
+    def head_weights(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weights_proj(x) * self.weight_scale
+
+    @staticmethod
+    def score(q_t: torch.Tensor, w_t: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return (torch.relu(q_t.float() @ keys.float().T) * w_t.float()[:, None]).sum(dim=0)
+
+    @staticmethod
+    def select(scores: torch.Tensor, topk: int) -> torch.Tensor:
+        k = min(topk, scores.shape[0])
+        order = torch.sort(scores, descending=True, stable=True).indices[:k]
+        return torch.sort(order).values
+
+    def forward(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor,
+                lc: LayerCache) -> list[torch.Tensor]:
+        """Update the indexer keys with this chunk's tokens, then return each query's selected entry ids."""
+        assert lc.index_keys is not None and lc.index_state is not None
+        self.compressor.extend(x, positions, lc.index_state, lc.index_keys)
+        q = self.project_q(qr, positions)
+        w = self.head_weights(x)
+        picks = []
+        for j, t in enumerate(positions.tolist()):
+            n = (t + 1) // 4
+            scores = self.score(q[j], w[j], lc.index_keys[:n])
+            picks.append(self.select(scores, self.cfg.index_topk))
+        return picks
