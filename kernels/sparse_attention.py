@@ -1,0 +1,141 @@
+"""Sparse attention over gathered rows with a per-head attention sink (prefill and decode shapes).
+
+Contract. For query token ``t`` and head ``h`` the key set is the rows ``window_rows[window_idx[t, :]]``
+followed by ``comp_rows[comp_idx[t, :]]`` (-1 entries are masked out). Every row is both key and
+value (DSV4 shares one latent row). With ``s_j = scale * <q[t, h], row_j>``::
+
+    out[t, h] = sum_j exp(s_j) * row_j / (sum_j exp(s_j) + exp(sink[h]))
+
+i.e. the learned sink adds ``exp(sink[h])`` to the softmax denominator only (a key whose value is
+zero), so attention mass may be < 1 and a token with no valid row gets an all-zero output, never NaN.
+
+The Triton kernel is FlashAttention-style: one program per (token, block of heads), an online
+softmax over blocks of ``BLOCK_N`` indices of each source, started from the sink (running max =
+sink, running sum = 1, accumulator = 0). Accumulation is fp32; dots are fp32 with IEEE precision
+(bf16 rows are upcast: the interpreter's bf16 ``tl.dot`` is wrong, see triton_on_cpu.md), which a
+tuned GPU path may relax. Output has ``q``'s dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import (HAS_TRITON, check_index, check_range, check_rows, check_same_device, next_pow2,
+                      require_triton, triton, tl)
+
+__all__ = ["sparse_attention", "sparse_attention_ref"]
+
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale) -> None:
+    check_rows("q", q, ndim=3, dtypes=_DTYPES)
+    num_tokens, heads, dim = q.shape
+    check_rows("window_rows", window_rows, dtype=q.dtype, width=dim)
+    check_index("window_idx", window_idx, (num_tokens, None))
+    check_range("window_idx", window_idx, -1, window_rows.shape[0], "rows of window_rows, or -1 = masked")
+    if (comp_rows is None) != (comp_idx is None):
+        raise ValueError("comp_rows and comp_idx must be given together (or both None for dense layers)")
+    if comp_rows is not None:
+        check_rows("comp_rows", comp_rows, dtype=q.dtype, width=dim)
+        check_index("comp_idx", comp_idx, (num_tokens, None))
+        check_range("comp_idx", comp_idx, -1, comp_rows.shape[0], "rows of comp_rows, or -1 = masked")
+        check_same_device(q=q, comp_rows=comp_rows, comp_idx=comp_idx)
+    check_rows("sink", sink, ndim=1, dtype=torch.float32, width=heads)
+    check_same_device(q=q, window_rows=window_rows, window_idx=window_idx, sink=sink)
+    if not isinstance(scale, float) or not scale > 0:
+        raise ValueError(f"scale must be a positive float, got {scale!r}")
+
+
+def sparse_attention_ref(q: torch.Tensor, window_rows: torch.Tensor, window_idx: torch.Tensor,
+                         comp_rows: torch.Tensor | None, comp_idx: torch.Tensor | None, sink: torch.Tensor, *,
+                         scale: float) -> torch.Tensor:
+    """Torch reference of :func:`sparse_attention` (same contract), in fp32."""
+    _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale)
+    sources = [(window_rows, window_idx)] + ([(comp_rows, comp_idx)] if comp_rows is not None else [])
+    keys = torch.cat([rows[idx.long().clamp(min=0)].float() for rows, idx in sources], dim=1)  # [T, K, D]
+    valid = torch.cat([idx >= 0 for _, idx in sources], dim=1)  # [T, K]
+    logits = torch.einsum("thd,tkd->thk", q.float(), keys) * scale
+    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+    m = torch.maximum(logits.amax(dim=-1), sink[None, :])  # [T, H], finite because sink is
+    p = torch.exp(logits - m[..., None])
+    denom = p.sum(dim=-1) + torch.exp(sink[None, :] - m)
+    return (torch.einsum("thk,tkd->thd", p, keys) / denom[..., None]).to(q.dtype)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _attend_source(q, m_i, l_i, acc, rows_ptr, rows_stride, idx_ptr, n_idx, dim, scale,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Fold the rows listed at idx_ptr[0:n_idx] into the online-softmax state (m_i, l_i, acc)."""
+        d = tl.arange(0, BLOCK_D)
+        for n0 in range(0, n_idx, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            idx = tl.load(idx_ptr + n, mask=n < n_idx, other=-1)
+            valid = idx >= 0
+            kv = tl.load(rows_ptr + idx.to(tl.int64)[:, None] * rows_stride + d[None, :],
+                         mask=valid[:, None] & (d[None, :] < dim), other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(kv), input_precision="ieee") * scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="ieee")
+            m_i = m_new
+        return m_i, l_i, acc
+
+    @triton.jit
+    def _sparse_attention_kernel(q_ptr, out_ptr, wrows_ptr, widx_ptr, crows_ptr, cidx_ptr, sink_ptr, heads, dim,
+                                 n_win, n_comp, q_s0, q_s1, o_s0, o_s1, wrows_stride, crows_stride, scale,
+                                 HAS_COMP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 BLOCK_D: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        hm = h < heads
+        qm = hm[:, None] & (d[None, :] < dim)
+        q = tl.load(q_ptr + t * q_s0 + h[:, None] * q_s1 + d[None, :], mask=qm, other=0.0).to(tl.float32)
+        m_i = tl.load(sink_ptr + h, mask=hm, other=0.0)  # the sink is the first "key", value 0
+        l_i = tl.full([BLOCK_H], 1.0, tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, wrows_ptr, wrows_stride, widx_ptr + t * n_win, n_win,
+                                       dim, scale, BLOCK_N, BLOCK_D)
+        if HAS_COMP:
+            m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, crows_ptr, crows_stride, cidx_ptr + t * n_comp,
+                                           n_comp, dim, scale, BLOCK_N, BLOCK_D)
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + t * o_s0 + h[:, None] * o_s1 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=qm)
+
+
+def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: torch.Tensor,
+                     comp_rows: torch.Tensor | None, comp_idx: torch.Tensor | None, sink: torch.Tensor, *,
+                     scale: float) -> torch.Tensor:
+    """Attention of ``q`` over the rows named by two index tensors, with a per-head sink.
+
+    Args:
+        q: ``[T, H, D]`` fp32 or bf16, inner dim contiguous.
+        window_rows: ``[Nw, D]`` SWA row view (same dtype as q); window_idx: int32 ``[T, W]``, -1 masked.
+        comp_rows: ``[Nc, D]`` compressed row view or None; comp_idx: int32 ``[T, Kc]`` or None.
+        sink: fp32 ``[H]`` per-head sink logit. scale: softmax scale (e.g. ``D ** -0.5``).
+
+    Returns ``[T, H, D]`` in q's dtype. Raises ValueError before launch on bad arguments.
+    """
+    _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale)
+    require_triton("sparse_attention")
+    num_tokens, heads, dim = q.shape
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+    has_comp = comp_rows is not None and comp_idx.shape[1] > 0
+    crows, cidx = (comp_rows, comp_idx) if has_comp else (window_rows, window_idx)
+    block_h = max(16, min(next_pow2(heads), 16 if q.is_cuda else 64))
+    block_d = max(16, next_pow2(dim))
+    grid = (num_tokens, triton.cdiv(heads, block_h))
+    _sparse_attention_kernel[grid](q, out, window_rows, window_idx, crows, cidx, sink, heads, dim,
+                                   window_idx.shape[1], cidx.shape[1], q.stride(0), q.stride(1), out.stride(0),
+                                   out.stride(1), window_rows.stride(0), crows.stride(0), scale,
+                                   HAS_COMP=has_comp, BLOCK_H=block_h, BLOCK_N=32 if q.is_cuda else 64,
+                                   BLOCK_D=block_d)
+    return out
