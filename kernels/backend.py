@@ -1,0 +1,130 @@
+"""The one place that chooses which kernel implementation runs.
+
+Choice (``resolve_backend``), from an explicit override or else ``ATOM_KERNEL_BACKEND`` (read through
+:mod:`atom.envs`, never ``os.environ``):
+
+* ``auto``: ``aiter`` when ``import aiter`` works (ROCm), else ``triton`` when triton is installed
+  and a GPU is visible, else ``torch`` (the references; the CPU default).
+* ``torch`` / ``triton`` / ``aiter``: forced. Forcing one that cannot run raises ``ValueError``.
+  Tests force ``triton`` on CPU under ``TRITON_INTERPRET=1``.
+
+Every op has a torch reference and a Triton wrapper of the same signature. An aiter implementation
+is used for an op only where one is registered with :func:`register_aiter`; none of aiter's kernels
+matches these contracts today (the arena's ``row_stride`` and fused c4 chunk are ours), so under
+``aiter`` an op without an aiter entry runs its Triton wrapper, and :func:`load_kernels` reports
+which implementation each op got.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ._common import HAS_TRITON
+
+__all__ = ["OPS", "BACKENDS", "resolve_backend", "get_kernel", "load_kernels", "KernelSet", "register_aiter",
+           "aiter_available"]
+
+BACKENDS = ("torch", "triton", "aiter")
+_CHOICES = ("auto",) + BACKENDS
+
+# op name -> (module in atom.kernels, Triton wrapper, torch reference)
+OPS: dict[str, tuple[str, str, str]] = {
+    "swa_write": ("swa_write", "swa_write", "swa_write_ref"),
+    "swa_write_prefill": ("swa_write", "swa_write_prefill", "swa_write_prefill_ref"),
+    "compressed_write": ("compressed_write", "compressed_write", "compressed_write_ref"),
+    "compressor_state_update": ("compressor_state", "compressor_state_update", "compressor_state_update_ref"),
+    "csa_boundary_capture": ("compressor_state", "csa_boundary_capture", "csa_boundary_capture_ref"),
+    "csa_boundary_restore": ("compressor_state", "csa_boundary_restore", "csa_boundary_restore_ref"),
+    "build_window_index": ("paged_index", "build_window_index", "build_window_index_ref"),
+    "build_comp_index": ("paged_index", "build_comp_index", "build_comp_index_ref"),
+    "build_paged_index": ("paged_index", "build_paged_index", "build_paged_index_ref"),
+    "sparse_attention": ("sparse_attention", "sparse_attention", "sparse_attention_ref"),
+    "fp8_ds_mla_quantize": ("fp8_ds_mla", "fp8_ds_mla_quantize", "fp8_ds_mla_quantize_ref"),
+    "fp8_ds_mla_dequantize": ("fp8_ds_mla", "fp8_ds_mla_dequantize", "fp8_ds_mla_dequantize_ref"),
+}
+
+_AITER: dict[str, Callable] = {}
+
+
+def register_aiter(op: str, fn: Callable) -> None:
+    """Register an aiter-backed implementation of ``op`` (same signature as the reference)."""
+    if op not in OPS:
+        raise ValueError(f"unknown kernel op {op!r}; known: {', '.join(OPS)}")
+    _AITER[op] = fn
+
+
+@functools.cache
+def aiter_available() -> bool:
+    """True when ``import aiter`` succeeds (it raises on machines without ROCm)."""
+    try:
+        importlib.import_module("aiter")
+    except Exception:  # aiter raises RuntimeError("ROCm version file not found") on CPU, not ImportError
+        return False
+    return True
+
+
+def _configured_choice() -> str:
+    from atom import envs
+
+    return envs.load().kernel_backend
+
+
+def resolve_backend(override: str | None = None) -> str:
+    """The backend that runs: ``override`` if given, else ``ATOM_KERNEL_BACKEND`` (default ``auto``)."""
+    choice = _configured_choice() if override is None else override
+    if choice not in _CHOICES:
+        raise ValueError(f"kernel backend {choice!r} is not one of {', '.join(_CHOICES)}")
+    if choice == "auto":
+        if aiter_available():
+            return "aiter"
+        return "triton" if HAS_TRITON and torch.cuda.is_available() else "torch"
+    if choice in ("triton", "aiter") and not HAS_TRITON:
+        raise ValueError(f"kernel backend {choice!r} needs triton, which is not installed")
+    if choice == "aiter" and not aiter_available():
+        raise ValueError("kernel backend 'aiter' was forced but `import aiter` fails (it needs ROCm)")
+    return choice
+
+
+def _implementation(op: str, backend: str) -> tuple[Callable, str]:
+    if op not in OPS:
+        raise ValueError(f"unknown kernel op {op!r}; known: {', '.join(OPS)}")
+    if backend == "aiter" and op in _AITER:
+        return _AITER[op], "aiter"
+    module_name, triton_name, ref_name = OPS[op]
+    module = importlib.import_module(f"atom.kernels.{module_name}")
+    if backend == "torch":
+        return getattr(module, ref_name), "torch"
+    return getattr(module, triton_name), "triton"
+
+
+def get_kernel(op: str, backend: str | None = None) -> Callable:
+    """The implementation of ``op`` for ``backend`` (resolved by :func:`resolve_backend`)."""
+    return _implementation(op, resolve_backend(backend))[0]
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """Every op bound to one backend; ``sources`` says which implementation each op got."""
+
+    backend: str
+    ops: dict[str, Callable]
+    sources: dict[str, str]
+
+    def __getattr__(self, op: str) -> Callable:
+        try:
+            return self.ops[op]
+        except KeyError:
+            raise AttributeError(f"no kernel op {op!r}; known: {', '.join(OPS)}") from None
+
+
+def load_kernels(backend: str | None = None) -> KernelSet:
+    """Resolve the backend once and bind every op (call at start-up, not per step)."""
+    name = resolve_backend(backend)
+    pairs = {op: _implementation(op, name) for op in OPS}
+    return KernelSet(name, {op: fn for op, (fn, _) in pairs.items()},
+                     {op: src for op, (_, src) in pairs.items()})

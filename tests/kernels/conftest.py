@@ -1,0 +1,20 @@
+"""Kernel tests run Triton kernels in the interpreter on CPU.
+
+TRITON_INTERPRET must be set before any ``@triton.jit`` function is defined, i.e. before
+``atom.kernels`` is imported; conftest runs before the test modules import anything.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.dirname(__file__))  # for kernel_testlib
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A seeded generator, so every random case is reproducible."""
+    return torch.Generator().manual_seed(1234)
