@@ -11,10 +11,14 @@ Per token at position t (``x`` = the block's normalised input):
 * ``attend(q, rows, sink)``: softmax over ``q.rows * c^-0.5`` with ``exp(sink_h)`` added to the denominator only.
 * ``project_out``: inverse RoPE at t on each head's tail, grouped ``wo_a`` (one slice per group), then ``wo_b``.
 
-Attention is computed one query at a time so a query's result never depends on the chunk it was computed in.
+``project`` (token-local) -> ``core`` (cache update, per-query gather + attend) -> ``project_out`` (token-local).
+Attention is computed one query at a time so a query's result never depends on the chunk it was computed in; with
+``cfg.batch_invariant`` the token-local parts run one token at a time too (``map_rows``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -23,9 +27,25 @@ from .cache import LayerCache
 from .compressor import Compressor
 from .config import DeepseekV4Config
 from .indexer import Indexer
-from .layers import Linear, RMSNorm, rms_normalize
+from .layers import Linear, RMSNorm, map_rows, rms_normalize
 from .quant import fp8_roundtrip
 from .rope import apply_rope, layer_frequencies
+
+
+class Projections(NamedTuple):
+    """Token-local projections of one layer, rows per token.
+
+    ``q [T, H, c]`` (normed, rotated); ``kv [T, c]`` (cache-ready row); ``comp = (kv, score)`` compressor state
+    rows ``[T, coff*c]`` fp32; ``index_q [T, nI, cI]``, ``index_w [T, nI]`` and ``index_comp`` (indexer
+    compressor rows ``[T, 2*cI]``) on CSA layers.  Absent parts are ``None``.
+    """
+
+    q: torch.Tensor
+    kv: torch.Tensor
+    comp: tuple[torch.Tensor, torch.Tensor] | None = None
+    index_q: torch.Tensor | None = None
+    index_w: torch.Tensor | None = None
+    index_comp: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def attend(q: torch.Tensor, rows: torch.Tensor, sink: torch.Tensor, scale: float) -> torch.Tensor:
@@ -48,15 +68,15 @@ class Attention(nn.Module):
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         self.freqs = layer_frequencies(cfg, self.ratio)
-        rw, kw = cfg.batch_invariant, dict(dtype=dtype, device=device)
-        self.wq_a = Linear(cfg.dim, cfg.q_lora_rank, row_wise=rw, **kw)
+        kw = dict(dtype=dtype, device=device)
+        self.wq_a = Linear(cfg.dim, cfg.q_lora_rank, **kw)
         self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps, **kw)
-        self.wq_b = Linear(cfg.q_lora_rank, cfg.n_heads * cfg.head_dim, row_wise=rw, **kw)
-        self.wkv = Linear(cfg.dim, cfg.head_dim, row_wise=rw, **kw)
+        self.wq_b = Linear(cfg.q_lora_rank, cfg.n_heads * cfg.head_dim, **kw)
+        self.wkv = Linear(cfg.dim, cfg.head_dim, **kw)
         self.kv_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, **kw)
         group_in = cfg.n_heads * cfg.head_dim // cfg.o_groups
-        self.wo_a = Linear(group_in, cfg.o_groups * cfg.o_lora_rank, row_wise=rw, **kw)
-        self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, cfg.dim, row_wise=rw, **kw)
+        self.wo_a = Linear(group_in, cfg.o_groups * cfg.o_lora_rank, **kw)
+        self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, cfg.dim, **kw)
         self.attn_sink = nn.Parameter(torch.empty(cfg.n_heads, dtype=torch.float32, device=device))
         self.compressor = Compressor(cfg, self.ratio, cfg.head_dim, self.freqs, **kw) if self.ratio else None
         self.indexer = Indexer(cfg, self.freqs, **kw) if self.ratio == 4 else None
@@ -87,31 +107,42 @@ class Attention(nn.Module):
         g, r = self.cfg.o_groups, self.cfg.o_lora_rank
         o = o.reshape(o.shape[0], g, -1)
         wo_a = self.wo_a.weight.view(g, r, -1)
-        if self.cfg.batch_invariant:
-            parts = [torch.stack([o[t, k : k + 1] @ wo_a[k].T for k in range(g)]) for t in range(o.shape[0])]
-            z = torch.stack(parts).reshape(o.shape[0], g * r)
-        else:
-            z = torch.einsum("tgd,grd->tgr", o.to(wo_a.dtype), wo_a).flatten(1)
+        z = torch.einsum("tgd,grd->tgr", o.to(wo_a.dtype), wo_a).flatten(1)
         return self.wo_b(z)
 
-    # ----- the reference forward over one chunk -------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, lc: LayerCache, start_pos: int) -> torch.Tensor:
-        """Attention for chunk ``x [T, dim]`` at positions ``start_pos ..``; updates ``lc`` in place."""
-        T, W = x.shape[0], self.cfg.window_size
-        positions = torch.arange(start_pos, start_pos + T, device=x.device)
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> Projections:
+        """All token-local projections of this layer for ``x [T, dim]`` (see ``Projections``)."""
         q, qr = self.project_q(x, positions)
-        kv = self.project_kv(x, positions)
+        p = Projections(q=q, kv=self.project_kv(x, positions))
+        if self.compressor is not None:
+            p = p._replace(comp=self.compressor.project(x, positions))
+        if self.indexer is not None:
+            p = p._replace(index_q=self.indexer.project_q(qr, positions), index_w=self.indexer.head_weights(x),
+                           index_comp=self.indexer.compressor.project(x, positions))
+        return p
+
+    # ----- the reference forward over one chunk -------------------------------------------------------------------
+    def core(self, p: Projections, lc: LayerCache, start_pos: int) -> torch.Tensor:
+        """Cache update + attention for one chunk at ``start_pos ..``: ``-> o [T, H, c]`` (fp32).
+
+        Order matters and mirrors decode: SWA rows are read before the ring is overwritten; the compressors emit
+        every entry completed inside the chunk before any query attends; causality is enforced per query.
+        """
+        T, W = p.kv.shape[0], self.cfg.window_size
+        positions = torch.arange(start_pos, start_pos + T, device=p.kv.device)
         first = max(0, start_pos - W + 1)
-        prev = lc.swa[[p % W for p in range(first, start_pos)]]
-        recent = torch.cat((prev.to(kv.dtype), kv), dim=0)  # positions first .. start_pos+T-1
-        for p in range(max(start_pos, start_pos + T - W), start_pos + T):
-            lc.swa[p % W] = kv[p - start_pos].to(lc.swa.dtype)
+        prev = lc.swa[[q % W for q in range(first, start_pos)]]
+        recent = torch.cat((prev.to(p.kv.dtype), p.kv), dim=0)  # positions first .. start_pos+T-1
+        for q in range(max(start_pos, start_pos + T - W), start_pos + T):
+            lc.swa[q % W] = p.kv[q - start_pos].to(lc.swa.dtype)
         picks = None
         if self.compressor is not None:
-            assert lc.state is not None and lc.entries is not None
-            self.compressor.extend(x, positions, lc.state, lc.entries)
-            if self.indexer is not None:
-                picks = self.indexer(x, qr, positions, lc)
+            assert lc.state is not None and lc.entries is not None and p.comp is not None
+            self.compressor.extend_rows(*p.comp, positions, lc.state, lc.entries)
+        if self.indexer is not None:
+            assert lc.index_state is not None and lc.index_keys is not None and p.index_comp is not None
+            self.indexer.compressor.extend_rows(*p.index_comp, positions, lc.index_state, lc.index_keys)
+            picks = self.indexer.select_chunk(p.index_q, p.index_w, positions, lc.index_keys)
         outs = []
         for j in range(T):
             t = start_pos + j
@@ -120,5 +151,12 @@ class Attention(nn.Module):
                 rows = torch.cat((rows, lc.entries[picks[j]].to(rows.dtype)), dim=0)
             elif self.compressor is not None:
                 rows = torch.cat((rows, lc.entries[: (t + 1) // self.ratio].to(rows.dtype)), dim=0)
-            outs.append(self.attend(q[j], rows))
-        return self.project_out(torch.stack(outs).to(x.dtype), positions)
+            outs.append(self.attend(p.q[j], rows))
+        return torch.stack(outs)
+
+    def forward(self, x: torch.Tensor, lc: LayerCache, start_pos: int) -> torch.Tensor:
+        """Attention for chunk ``x [T, dim]`` at positions ``start_pos ..``; updates ``lc`` in place."""
+        rw = self.cfg.batch_invariant
+        positions = torch.arange(start_pos, start_pos + x.shape[0], device=x.device)
+        o = self.core(map_rows(self.project, rw, x, positions), lc, start_pos)
+        return map_rows(self.project_out, rw, o.to(x.dtype), positions)

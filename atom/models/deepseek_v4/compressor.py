@@ -11,7 +11,7 @@ Contract for the paged engine (every piece is callable on its own):
 * ``pool(kv_rows, score_rows) -> [c]``: per-channel softmax over the rows of ``score``, weighted sum of ``kv``.
 * ``finish(pooled, i) -> [c]``: RMSNorm (own weight), RoPE at position ``i*m``, then the quantization round-trip
   when ``quant_sim`` (main: FP8 on NoPE dims; indexer: Hadamard + FP4).
-* ``extend(x, positions, state, entries)``: write each token's rows into the ring in order and emit entry
+* ``extend_rows(kv, score, positions, state, entries)`` (``extend`` = ``project`` + this): write each token's rows into the ring in order and emit entry
   ``p // m`` into ``entries`` as soon as token ``p`` completes its block.  Prefill and decode share this path, so
   compressed entries are bit-identical however the sequence is chunked.
 """
@@ -19,11 +19,12 @@ Contract for the paged engine (every piece is callable on its own):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .cache import CompressorState
 from .config import DeepseekV4Config
-from .layers import Linear, RMSNorm, linear
+from .layers import Linear, RMSNorm
 from .quant import fp4_roundtrip, fp8_roundtrip, hadamard_rotate
 from .rope import apply_rope
 
@@ -51,9 +52,8 @@ class Compressor(nn.Module):
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 state rows ``(kv, score + ape[pos % m])`` for tokens ``x: [T, dim]`` at ``positions: [T]``."""
         xf = x.float()
-        rw = self.cfg.batch_invariant
-        kv = linear(xf, self.wkv.weight.float(), rw)
-        score = linear(xf, self.wgate.weight.float(), rw) + self.ape[positions % self.ratio]
+        kv = F.linear(xf, self.wkv.weight.float())
+        score = F.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
         return kv, score
 
     def block_rows(self, state: CompressorState, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,8 +90,13 @@ class Compressor(nn.Module):
 
     def extend(self, x: torch.Tensor, positions: torch.Tensor, state: CompressorState,
                entries: torch.Tensor) -> list[int]:
-        """Feed tokens in order; returns the ids of the entries completed (and written) by this call."""
+        """``project`` then ``extend_rows``."""
         kv, score = self.project(x, positions)
+        return self.extend_rows(kv, score, positions, state, entries)
+
+    def extend_rows(self, kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor, state: CompressorState,
+                    entries: torch.Tensor) -> list[int]:
+        """Feed projected rows in position order; returns the ids of the entries completed (and written)."""
         ring, done = self.ring_size, []
         for j, p in enumerate(positions.tolist()):
             state.kv[p % ring] = kv[j]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cache import LayerCache
 from .compressor import Compressor
 from .config import DeepseekV4Config
 from .layers import Linear
@@ -34,9 +33,8 @@ class Indexer(nn.Module):
         super().__init__()
         self.cfg, self.freqs = cfg, freqs
         self.n_heads, self.head_dim = cfg.index_n_heads, cfg.index_head_dim
-        rw = cfg.batch_invariant
-        self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, row_wise=rw, dtype=dtype, device=device)
-        self.weights_proj = Linear(cfg.dim, self.n_heads, row_wise=rw, dtype=dtype, device=device)
+        self.wq_b = Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype=dtype, device=device)
+        self.weights_proj = Linear(cfg.dim, self.n_heads, dtype=dtype, device=device)
         self.compressor = Compressor(cfg, 4, self.head_dim, freqs, for_indexer=True, dtype=dtype, device=device)
         self.weight_scale = self.head_dim**-0.5 * self.n_heads**-0.5
 
@@ -60,16 +58,13 @@ class Indexer(nn.Module):
         order = torch.sort(scores, descending=True, stable=True).indices[:k]
         return torch.sort(order).values
 
-    def forward(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor,
-                lc: LayerCache) -> list[torch.Tensor]:
-        """Update the indexer keys with this chunk's tokens, then return each query's selected entry ids."""
-        assert lc.index_keys is not None and lc.index_state is not None
-        self.compressor.extend(x, positions, lc.index_state, lc.index_keys)
-        q = self.project_q(qr, positions)
-        w = self.head_weights(x)
+    def select_chunk(self, q: torch.Tensor, w: torch.Tensor, positions: torch.Tensor,
+                     keys: torch.Tensor) -> list[torch.Tensor]:
+        """Each query's picks (ascending entry ids) given its projected ``q``/``w`` and the key cache, which must
+        already hold the keys completed by this chunk."""
         picks = []
         for j, t in enumerate(positions.tolist()):
             n = (t + 1) // 4
-            scores = self.score(q[j], w[j], lc.index_keys[:n])
+            scores = self.score(q[j], w[j], keys[:n])
             picks.append(self.select(scores, self.cfg.index_topk))
         return picks

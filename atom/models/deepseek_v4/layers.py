@@ -3,25 +3,38 @@
 Parameters are created with ``torch.empty`` (no initialisation), so a model can be built on the ``meta`` device
 without allocating memory; weights come from a checkpoint or from ``checkpoint.random_state_dict``.
 
-Batch invariance: ``Linear(..., row_wise=True)`` computes each row of its input with its own GEMV, so a token's
-output is bit-identical whether it is computed alone (decode) or among many tokens (prefill).  Every other op in
-the model is either elementwise or a reduction over the last dim of one row, which is batch-invariant on CPU.
+Batch invariance: ``map_rows(fn, True, ...)`` applies a token-local function to one token at a time, so every
+GEMM becomes a GEMV and every elementwise kernel (whose SIMD / scalar-tail split depends on the tensor size) sees
+the same shape whether a token is computed alone (decode) or among many (prefill).  The model routes all
+token-local work through it when ``cfg.batch_invariant`` is set.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, row_wise: bool) -> torch.Tensor:
-    """``x @ weight.T`` over the last dim of ``x``; with ``row_wise`` each leading row is its own GEMV."""
-    if not row_wise or x.numel() == 0:
-        return F.linear(x, weight)
-    flat = x.reshape(-1, x.shape[-1])
-    out = torch.cat([F.linear(flat[i : i + 1], weight) for i in range(flat.shape[0])], dim=0)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+def map_rows(fn: Callable[..., Any], row_wise: bool, *args: torch.Tensor | None) -> Any:
+    """``fn(*args)``; with ``row_wise``, ``fn`` runs on each leading row ``[i:i+1]`` of every tensor argument and
+    the outputs (a tensor, ``None`` or a tuple / NamedTuple of them) are concatenated along dim 0."""
+    if not row_wise:
+        return fn(*args)
+    n = next(a.shape[0] for a in args if a is not None)
+    return _concat([fn(*(None if a is None else a[i : i + 1] for a in args)) for i in range(n)])
+
+
+def _concat(outs: list[Any]) -> Any:
+    first = outs[0]
+    if first is None:
+        return None
+    if isinstance(first, tuple):
+        parts = [_concat([o[k] for o in outs]) for k in range(len(first))]
+        return type(first)(*parts) if hasattr(first, "_fields") else tuple(parts)
+    return torch.cat(outs, 0)
 
 
 class Linear(nn.Module):
@@ -30,14 +43,14 @@ class Linear(nn.Module):
     ``dtype`` fixes the parameter dtype; the input is cast to it (the compressor runs its projections in fp32).
     """
 
-    def __init__(self, in_features: int, out_features: int, *, row_wise: bool = False,
+    def __init__(self, in_features: int, out_features: int, *,
                  dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.in_features, self.out_features, self.row_wise = in_features, out_features, row_wise
+        self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x.to(self.weight.dtype), self.weight, self.row_wise)
+        return F.linear(x.to(self.weight.dtype), self.weight)
 
 
 class RMSNorm(nn.Module):

@@ -1,0 +1,100 @@
+"""Mixture of experts: sqrt-softplus router with aux-free bias (or hash routing), SwiGLU experts, shared expert.
+
+* Router scores ``s = sqrt(softplus(x W^T))`` in fp32 (``softmax``/``sigmoid`` also accepted).
+* Selection: top-k of ``s + bias`` (ties -> lower expert id), or ``tid2eid[token_id]`` on the first
+  ``n_hash_layers`` layers.  Weights are the *unbiased* scores of the chosen experts, renormalised (except for
+  softmax scoring), times ``route_scale``.
+* Expert: ``w2(silu(min(w1 x, L)) * clamp(w3 x, -L, L))`` with ``L = swiglu_limit``; the routing weight multiplies
+  the activation before ``w2``.  The shared expert always runs and is added last.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DeepseekV4Config
+from .layers import Linear
+
+
+class Gate(nn.Module):
+    """Router of one layer: ``weight [E, dim]``; ``bias [E]`` (fp32) or ``tid2eid [vocab, k]`` on hash layers."""
+
+    def __init__(self, cfg: DeepseekV4Config, layer_id: int, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.cfg, self.topk = cfg, cfg.n_activated_experts
+        self.hash = layer_id < cfg.n_hash_layers
+        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.dim, dtype=dtype, device=device))
+        if self.hash:
+            self.register_buffer("tid2eid", torch.zeros(cfg.vocab_size, self.topk, dtype=torch.int64,
+                                                        device=device))
+            self.bias = None
+        else:
+            self.bias = nn.Parameter(torch.empty(cfg.n_routed_experts, dtype=torch.float32, device=device))
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x.float(), self.weight.float())
+        if self.cfg.score_func == "softmax":
+            return logits.softmax(dim=-1)
+        if self.cfg.score_func == "sigmoid":
+            return torch.sigmoid(logits)
+        return torch.sqrt(F.softplus(logits))
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights [T, k] fp32, expert ids [T, k])`` for tokens ``x [T, dim]`` with ids ``token_ids [T]``."""
+        scores = self.scores(x)
+        if self.hash:
+            idx = self.tid2eid[token_ids].long()
+        else:
+            biased = scores + self.bias.float()
+            idx = torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, : self.topk]
+        w = scores.gather(1, idx)
+        if self.cfg.score_func != "softmax":
+            w = w / w.sum(dim=-1, keepdim=True)
+        return w * self.cfg.route_scale, idx
+
+
+class Expert(nn.Module):
+    """A clamped SwiGLU MLP: ``w1``/``w3: [inter, dim]``, ``w2: [dim, inter]``."""
+
+    def __init__(self, cfg: DeepseekV4Config, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.limit = cfg.swiglu_limit
+        self.w1 = Linear(cfg.dim, cfg.moe_inter_dim, **kw)
+        self.w2 = Linear(cfg.moe_inter_dim, cfg.dim, **kw)
+        self.w3 = Linear(cfg.dim, cfg.moe_inter_dim, **kw)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        gate, up = self.w1(x).float(), self.w3(x).float()
+        if self.limit > 0:
+            up = up.clamp(-self.limit, self.limit)
+            gate = gate.clamp(max=self.limit)
+        h = F.silu(gate) * up
+        if weights is not None:
+            h = weights[:, None] * h
+        return self.w2(h.to(x.dtype))
+
+
+class MoE(nn.Module):
+    """Routed experts plus the shared expert of one block."""
+
+    def __init__(self, cfg: DeepseekV4Config, layer_id: int, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.gate = Gate(cfg, layer_id, **kw)
+        self.experts = nn.ModuleList(Expert(cfg, **kw) for _ in range(cfg.n_routed_experts))
+        self.shared_experts = Expert(cfg, **kw)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """``[T, dim] -> [T, dim]``; each token adds its experts' outputs in ascending expert order."""
+        weights, idx = self.gate(x, token_ids)
+        y = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+        for e in torch.unique(idx).tolist():
+            rows, slot = torch.nonzero(idx == e, as_tuple=True)
+            y.index_add_(0, rows, self.experts[e](x[rows], weights[rows, slot]).float())
+        return (y + self.shared_experts(x).float()).to(x.dtype)
