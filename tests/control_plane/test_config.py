@@ -1,0 +1,69 @@
+"""Config objects are frozen and validated with messages naming the field."""
+
+import dataclasses
+
+import pytest
+
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
+
+
+def flash_cfg():
+    return load_hf_config(preset_path("deepseek_v4_flash"))
+
+
+def test_flash_and_pro_specs_build_from_their_config_json():
+    flash = Dsv4KvSpec.from_hf_config(flash_cfg())
+    pro = Dsv4KvSpec.from_hf_config(load_hf_config(preset_path("deepseek_v4_pro")))
+    assert (len(flash.csa_layers), len(flash.hca_layers), flash.num_layers) == (21, 20, 44)
+    assert (len(pro.csa_layers), len(pro.hca_layers), pro.num_layers) == (30, 31, 62)
+    assert flash.compress_ratios[-1] == 0 and flash.num_mtp_layers == 1
+
+
+def test_dropping_mtp_removes_its_layer():
+    assert Dsv4KvSpec.from_hf_config(flash_cfg(), include_mtp=False).num_layers == 43
+
+
+def test_a_ratio_list_of_the_wrong_length_is_rejected_with_both_counts():
+    cfg = dict(flash_cfg(), compress_ratios=[0, 4])
+    with pytest.raises(ValueError, match="expected num_hidden_layers"):
+        Dsv4KvSpec.from_hf_config(cfg)
+
+
+def test_missing_keys_are_named():
+    cfg = {k: v for k, v in flash_cfg().items() if k != "head_dim"}
+    with pytest.raises(ValueError, match="head_dim"):
+        Dsv4KvSpec.from_hf_config(cfg)
+
+
+@pytest.mark.parametrize("field,value,fragment", [
+    ("block_size", 12, "multiple of every compress ratio"),
+    ("row_format", "fp16", "accepted: fp8_ds_mla, bf16, fp32"),
+    ("sliding_window", 0, "sliding_window"),
+    ("rope_head_dim", 64, "exceeds head_dim"),
+])
+def test_bad_kv_spec_fields_raise_value_error(field, value, fragment):
+    args = dict(compress_ratios=(0, 4, 16), sliding_window=8, head_dim=32, rope_head_dim=8, index_head_dim=16)
+    args[field] = value
+    with pytest.raises(ValueError, match=fragment):
+        Dsv4KvSpec(**args)
+
+
+def test_configs_are_frozen():
+    cfg = SchedulerConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.max_num_seqs = 3
+
+
+def test_a_retention_interval_without_full_retain_is_rejected():
+    with pytest.raises(ValueError, match="needs swa_full_retain"):
+        CacheConfig(kv_cache_bytes=1 << 20, max_model_len=64, max_num_seqs=2, swa_retention_interval=256)
+
+
+def test_a_missing_or_broken_config_json_is_reported(tmp_path):
+    with pytest.raises(ValueError, match="no config.json"):
+        load_hf_config(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_hf_config(tmp_path)
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset_path("deepseek_v9")

@@ -1,0 +1,118 @@
+"""Layout sizing: packing efficiency, byte-disjoint regions, and clear errors on small budgets."""
+
+import pytest
+
+from atom.config import Dsv4KvSpec, load_hf_config, preset_path
+from atom.model_engine.kv_layout import InsufficientKvMemory, choose_chunk_pages, plan_kv_layout
+
+GIB = 1 << 30
+
+
+def real_spec(name: str, fmt: str = "fp8_ds_mla") -> Dsv4KvSpec:
+    return Dsv4KvSpec.from_hf_config(load_hf_config(preset_path(name)), row_format=fmt)
+
+
+def tiny_spec(**kw) -> Dsv4KvSpec:
+    args = dict(compress_ratios=(0, 4, 16, 4, 16, 4, 0), sliding_window=8, head_dim=32,
+                rope_head_dim=8, index_head_dim=16, row_format="fp32", num_mtp_layers=1)
+    args.update(kw)
+    return Dsv4KvSpec(**args)
+
+
+def test_flash_fp8_blocks_have_the_published_sizes():
+    spec = real_spec("deepseek_v4_flash")
+    assert (spec.block_size, spec.main_row_bytes, spec.index_row_bytes) == (128, 584, 132)
+    assert spec.csa_state_bytes == 40 * 1024
+    assert spec.swa_block_bytes == 44 * 128 * 584 + 21 * 40960
+    assert spec.compressed_block_bytes == 21 * 32 * (584 + 132) + 20 * 584
+
+
+def test_one_swa_page_per_chunk_packs_flash_compressed_blocks_at_95_percent():
+    lay = plan_kv_layout(real_spec("deepseek_v4_flash"), 40 * GIB, 64, 1 << 20, chunk_pages=1)
+    assert lay.compress_pages_per_chunk == 8
+    assert 0.945 < lay.compressed_packing < 0.951
+
+
+@pytest.mark.parametrize("name,expected_m,min_packing", [("deepseek_v4_flash", 3, 0.989), ("deepseek_v4_pro", 4, 0.990)])
+def test_the_chunk_size_is_chosen_to_pack_compressed_blocks_at_the_target(name, expected_m, min_packing):
+    spec = real_spec(name)
+    assert choose_chunk_pages(spec, 0.985, 8) == expected_m
+    lay = plan_kv_layout(spec, 40 * GIB, 64, 1 << 20)
+    assert lay.chunk_pages == expected_m
+    assert lay.compressed_packing >= min_packing
+    assert lay.swa_packing >= 0.997
+
+
+def test_the_state_pool_is_taken_off_the_budget_before_chunks():
+    spec = real_spec("deepseek_v4_flash")
+    lay = plan_kv_layout(spec, 40 * GIB, 64, 1 << 20)
+    assert lay.state_pool_bytes == 64 * spec.request_state_bytes
+    assert lay.state_pool_bytes + lay.arena_bytes <= 40 * GIB
+    assert 40 * GIB - lay.state_pool_bytes - lay.arena_bytes < lay.chunk_bytes
+
+
+def byte_ranges(lay):
+    """Every (page-0) byte range of every region of one SWA page and one compress-owned chunk."""
+    spec = lay.spec
+    swa, comp = [], []
+    for layer in range(spec.num_layers):
+        r = lay.swa_rows(layer)
+        swa.append((r.offset, r.offset + spec.block_size * r.row_bytes, f"swa L{layer}"))
+    for layer in spec.csa_layers:
+        st = lay.csa_state(layer)
+        swa.append((st.offset, st.offset + spec.csa_state_bytes, f"csa L{layer}"))
+    for layer in spec.compressed_layers:
+        r = lay.compressed_rows(layer)
+        comp.append((r.offset, r.offset + lay.compress_pages_per_chunk * r.used_rows * r.row_bytes, f"comp L{layer}"))
+    for layer in spec.csa_layers:
+        r = lay.index_rows(layer)
+        comp.append((r.offset, r.offset + lay.compress_pages_per_chunk * r.used_rows * r.row_bytes, f"idx L{layer}"))
+    return sorted(swa), sorted(comp)
+
+
+@pytest.mark.parametrize("spec", [real_spec("deepseek_v4_flash"), real_spec("deepseek_v4_pro", "bf16"), tiny_spec()],
+                         ids=["flash-fp8", "pro-bf16", "tiny-fp32"])
+def test_regions_inside_a_page_and_a_chunk_never_overlap_and_stay_inside(spec):
+    lay = plan_kv_layout(spec, 40 * GIB, 8, 4096)
+    swa, comp = byte_ranges(lay)
+    for ranges, limit in ((swa, lay.swa_page_bytes), (comp, lay.chunk_bytes)):
+        for (a0, a1, an), (b0, b1, bn) in zip(ranges, ranges[1:]):
+            assert a1 <= b0, f"{an} overlaps {bn}"
+        assert ranges[-1][1] <= limit
+        assert all(start % 8 == 0 for start, _, _ in ranges)
+
+
+def test_row_strides_divide_pages_and_chunks_so_2d_row_views_are_exact():
+    lay = plan_kv_layout(real_spec("deepseek_v4_flash"), 40 * GIB, 64, 1 << 20)
+    assert lay.swa_page_bytes % 584 == 0 and lay.chunk_bytes % 584 == 0 and lay.chunk_bytes % 132 == 0
+    r = lay.swa_rows(2)
+    assert r.page_rows * 584 == lay.swa_page_bytes and r.page_rows != lay.spec.block_size
+    # page 4 (chunk 1, local 1), slot 5: byte = page * page_bytes + layer offset + slot * row
+    assert r.offset + r.row(4, 5) * 584 == 4 * lay.swa_page_bytes + 2 * 128 * 584 + 5 * 584
+    c = lay.compressed_rows(2)
+    k = lay.compress_pages_per_chunk
+    assert c.offset + c.row(k + 2, 7) * 584 == lay.chunk_bytes + c.offset + (2 * 32 + 7) * 584
+
+
+def test_tiny_geometry_block_size_is_the_lcm_of_its_ratios():
+    spec = tiny_spec()
+    assert spec.block_size == 16 and spec.entries_per_block(1) == 4 and spec.entries_per_block(2) == 1
+    groups = plan_kv_layout(spec, 1 << 24, 4, 256).group_specs()
+    assert sorted(groups) == ["c16", "c4", "dense"]
+    assert groups["c4"].layers == (1, 3, 5) and len(groups["c4"].csa_state_offs) == 3
+    assert groups["dense"].compressed_offsets == ()
+
+
+def test_a_budget_that_cannot_hold_one_max_length_request_says_how_much_is_needed():
+    spec = real_spec("deepseek_v4_flash")
+    with pytest.raises(InsufficientKvMemory, match=r"needs at least \d+ B \(\d+\.\d+ GiB\)"):
+        plan_kv_layout(spec, 1 * GIB, 64, 1 << 20)
+
+
+@pytest.mark.parametrize("field,value", [("kv_cache_bytes", -5), ("kv_cache_bytes", 2.5), ("max_model_len", 0),
+                                         ("max_live_requests", "8")])
+def test_negative_or_non_integer_sizes_raise_value_error(field, value):
+    args = dict(kv_cache_bytes=40 * GIB, max_live_requests=8, max_model_len=4096)
+    args[field] = value
+    with pytest.raises(ValueError, match=field):
+        plan_kv_layout(real_spec("deepseek_v4_flash"), **args)
