@@ -42,6 +42,8 @@ def _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale) -> None
         check_range("comp_idx", comp_idx, -1, comp_rows.shape[0], "rows of comp_rows, or -1 = masked")
         check_same_device(q=q, comp_rows=comp_rows, comp_idx=comp_idx)
     check_rows("sink", sink, ndim=1, dtype=torch.float32, width=heads)
+    if not bool(torch.isfinite(sink).all()):
+        raise ValueError("sink must be finite (it starts the online softmax; -inf would give NaN on empty rows)")
     check_same_device(q=q, window_rows=window_rows, window_idx=window_idx, sink=sink)
     if not isinstance(scale, float) or not scale > 0:
         raise ValueError(f"scale must be a positive float, got {scale!r}")
@@ -55,6 +57,7 @@ def sparse_attention_ref(q: torch.Tensor, window_rows: torch.Tensor, window_idx:
     sources = [(window_rows, window_idx)] + ([(comp_rows, comp_idx)] if comp_rows is not None else [])
     keys = torch.cat([rows[idx.long().clamp(min=0)].float() for rows, idx in sources], dim=1)  # [T, K, D]
     valid = torch.cat([idx >= 0 for _, idx in sources], dim=1)  # [T, K]
+    keys = keys.masked_fill(~valid[..., None], 0.0)  # a masked slot must not read row 0 (NaN in a NaN arena)
     logits = torch.einsum("thd,tkd->thk", q.float(), keys) * scale
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
     m = torch.maximum(logits.amax(dim=-1), sink[None, :])  # [T, H], finite because sink is

@@ -1,0 +1,232 @@
+"""The ``fp8_ds_mla`` KV row codec: quantize a latent KV row into bytes and back.
+
+Row layout (real DSV4: 448 NoPE + 64 RoPE dims -> 584 bytes)::
+
+    [0, nope)                      fp8 e4m3fn NoPE values, value / 2**e_b for its 64-wide block b
+    [nope, nope + 2*rope)          RoPE dims as raw bf16 (little endian)
+    [nope + 2*rope, + nope/qblock) one ue8m0 byte per NoPE block: e_b + 127
+    then zero padding up to a multiple of 8 bytes (1 byte for the real geometry)
+
+Scales are powers of two (ue8m0): ``e_b = ceil(log2(max(amax_b, 1e-4) / 448))`` computed from the
+fp32 bits (exponent, plus one if the mantissa is non-zero), so torch and Triton agree bit for bit.
+fp8 encoding is round-to-nearest-even and saturates at 448 (torch's ``.to(float8_e4m3fn)``); the
+Triton body encodes in software because the interpreter's fp32->fp8 cast is wrong
+(triton_on_cpu.md 2.3-2.4). RoPE dims given in fp32 are rounded to bf16 to nearest even, also in
+software. Dequantized values ``fp8 * 2**e_b`` are exact in bf16 and fp32.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._common import HAS_TRITON, check_positive, check_rows, next_pow2, require_triton, triton, tl
+
+__all__ = ["Fp8DsMlaLayout", "DSV4_LAYOUT", "fp8_ds_mla_quantize", "fp8_ds_mla_quantize_ref",
+           "fp8_ds_mla_dequantize", "fp8_ds_mla_dequantize_ref"]
+
+FP8_MAX = 448.0
+AMAX_FLOOR = 1e-4
+
+
+class Fp8DsMlaLayout(NamedTuple):
+    """Geometry of one row: NoPE dims (fp8, blocks of ``qblock``) and RoPE dims (bf16)."""
+
+    nope: int = 448
+    rope: int = 64
+    qblock: int = 64
+
+    @property
+    def dim(self) -> int:
+        return self.nope + self.rope
+
+    @property
+    def n_scales(self) -> int:
+        return self.nope // self.qblock
+
+    @property
+    def scale_off(self) -> int:
+        return self.nope + 2 * self.rope
+
+    @property
+    def row_bytes(self) -> int:
+        return -(-(self.scale_off + self.n_scales) // 8) * 8
+
+    def check(self) -> None:
+        check_positive("qblock", self.qblock)
+        check_positive("rope", self.rope)
+        if self.nope < self.qblock or self.nope % self.qblock or self.nope % 2:
+            raise ValueError(f"nope={self.nope} must be an even positive multiple of qblock={self.qblock}")
+
+
+DSV4_LAYOUT = Fp8DsMlaLayout()
+assert DSV4_LAYOUT.row_bytes == 584
+
+
+def _check_quant(x, out, layout) -> None:
+    layout.check()
+    check_rows("x", x, dtypes=(torch.float32, torch.bfloat16), width=layout.dim)
+    check_rows("out", out, dtype=torch.uint8, width=layout.row_bytes)
+    if out.shape[0] != x.shape[0]:
+        raise ValueError(f"out has {out.shape[0]} rows, x has {x.shape[0]}")
+    if out.device != x.device:
+        raise ValueError(f"x is on {x.device}, out on {out.device}")
+
+
+def _check_dequant(rows, out_dtype, layout) -> None:
+    layout.check()
+    check_rows("rows", rows, dtype=torch.uint8, width=layout.row_bytes)
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+
+
+def _block_exponent(amax: torch.Tensor) -> torch.Tensor:
+    """ceil(log2(max(amax, 1e-4) / 448)) from the fp32 bits, int32."""
+    v = (amax.clamp(min=AMAX_FLOOR) / FP8_MAX).view(torch.int32)
+    return ((v >> 23) & 0xFF) - 127 + ((v & 0x7FFFFF) != 0).to(torch.int32)
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    return ((e + 127) << 23).to(torch.int32).view(torch.float32)
+
+
+def fp8_ds_mla_quantize_ref(x: torch.Tensor, out: torch.Tensor | None = None, *,
+                            layout: Fp8DsMlaLayout = DSV4_LAYOUT) -> torch.Tensor:
+    """Torch reference of :func:`fp8_ds_mla_quantize` (same contract)."""
+    if out is None:
+        out = torch.empty(x.shape[0], layout.row_bytes, dtype=torch.uint8, device=x.device)
+    _check_quant(x, out, layout)
+    n = x.shape[0]
+    nope = x[:, :layout.nope].float().view(n, layout.n_scales, layout.qblock)
+    e = _block_exponent(nope.abs().amax(dim=-1))
+    q = (nope * _pow2(-e)[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    out[:, :layout.nope] = q.view(n, layout.nope)
+    out[:, layout.nope:layout.scale_off] = x[:, layout.nope:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    out[:, layout.scale_off:layout.scale_off + layout.n_scales] = (e + 127).to(torch.uint8)
+    out[:, layout.scale_off + layout.n_scales:] = 0
+    return out
+
+
+def fp8_ds_mla_dequantize_ref(rows: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+                              layout: Fp8DsMlaLayout = DSV4_LAYOUT) -> torch.Tensor:
+    """Torch reference of :func:`fp8_ds_mla_dequantize` (same contract)."""
+    _check_dequant(rows, out_dtype, layout)
+    n = rows.shape[0]
+    q = rows[:, :layout.nope].contiguous().view(torch.float8_e4m3fn).float().view(n, layout.n_scales, layout.qblock)
+    e = rows[:, layout.scale_off:layout.scale_off + layout.n_scales].to(torch.int32) - 127
+    nope = (q * _pow2(e)[..., None]).view(n, layout.nope)
+    rope = rows[:, layout.nope:layout.scale_off].contiguous().view(torch.bfloat16).float()
+    return torch.cat([nope, rope], dim=1).to(out_dtype)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _e4m3_bits(x):
+        """fp32 -> uint8 bits of float8_e4m3fn, RTNE, saturating at 448 (triton_on_cpu.md 2.4)."""
+        u = x.to(tl.uint32, bitcast=True)
+        sign = (u >> 31) & 1
+        a = u & 0x7FFFFFFF
+        r = a + 0x7FFFF + ((a >> 20) & 1)
+        normal = tl.minimum((r >> 20).to(tl.int32) - (120 << 3), 0x7E)
+        af = a.to(tl.float32, bitcast=True)
+        sub = ((af * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
+        mag = tl.where(a < 0x3C800000, sub, normal)
+        mag = tl.where(a > 0x7F800000, 0x7F, mag)
+        return (mag | (sign.to(tl.int32) << 7)).to(tl.uint8)
+
+    @triton.jit
+    def _quant_kernel(x_ptr, out_ptr, n, x_stride, out_stride, NOPE: tl.constexpr, ROPE: tl.constexpr,
+                      QBLOCK: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr, BLOCK_R: tl.constexpr, X_IS_BF16: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rm = r < n
+        xo = r.to(tl.int64) * x_stride
+        oo = r.to(tl.int64) * out_stride
+        c = tl.arange(0, QBLOCK)
+        for b in tl.static_range(NOPE // QBLOCK):
+            x = tl.load(x_ptr + xo[:, None] + b * QBLOCK + c[None, :], mask=rm[:, None], other=0.0).to(tl.float32)
+            v = (tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4) / 448.0).to(tl.int32, bitcast=True)
+            e = ((v >> 23) & 0xFF) - 127 + ((v & 0x7FFFFF) != 0).to(tl.int32)
+            inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+            tl.store(out_ptr + oo[:, None] + b * QBLOCK + c[None, :], _e4m3_bits(x * inv[:, None]), mask=rm[:, None])
+            tl.store(out_ptr + oo + 2 * ROPE + NOPE + b, (e + 127).to(tl.uint8), mask=rm)
+        rc = tl.arange(0, ROPE)
+        xr = tl.load(x_ptr + xo[:, None] + NOPE + rc[None, :], mask=rm[:, None], other=0.0)
+        if X_IS_BF16:
+            bits = xr.to(tl.int16, bitcast=True)
+        else:  # round fp32 -> bf16 to nearest even in software (the interpreter's cast truncates)
+            u = xr.to(tl.uint32, bitcast=True)
+            bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
+        lo = (bits & 0xFF).to(tl.uint8)
+        hi = ((bits >> 8) & 0xFF).to(tl.uint8)
+        tl.store(out_ptr + oo[:, None] + NOPE + 2 * rc[None, :], lo, mask=rm[:, None])
+        tl.store(out_ptr + oo[:, None] + NOPE + 2 * rc[None, :] + 1, hi, mask=rm[:, None])
+        if PAD > 0:
+            p = tl.arange(0, PAD_P2)
+            tl.store(out_ptr + oo[:, None] + NOPE + 2 * ROPE + NOPE // QBLOCK + p[None, :],
+                     tl.zeros([BLOCK_R, PAD_P2], dtype=tl.uint8), mask=rm[:, None] & (p[None, :] < PAD))
+
+    @triton.jit
+    def _dequant_kernel(rows_ptr, out_ptr, n, rows_stride, out_stride, NOPE: tl.constexpr, ROPE: tl.constexpr,
+                        QBLOCK: tl.constexpr, BLOCK_R: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rm = r < n
+        ro = r.to(tl.int64) * rows_stride
+        oo = r.to(tl.int64) * out_stride
+        c = tl.arange(0, QBLOCK)
+        for b in tl.static_range(NOPE // QBLOCK):
+            q = tl.load(rows_ptr + ro[:, None] + b * QBLOCK + c[None, :], mask=rm[:, None], other=0)
+            e = tl.load(rows_ptr + ro + NOPE + 2 * ROPE + b, mask=rm, other=127).to(tl.int32) - 127
+            scale = ((e + 127) << 23).to(tl.float32, bitcast=True)
+            x = q.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]
+            tl.store(out_ptr + oo[:, None] + b * QBLOCK + c[None, :], x.to(out_ptr.dtype.element_ty), mask=rm[:, None])
+        rc = tl.arange(0, ROPE)
+        lo = tl.load(rows_ptr + ro[:, None] + NOPE + 2 * rc[None, :], mask=rm[:, None], other=0).to(tl.int32)
+        hi = tl.load(rows_ptr + ro[:, None] + NOPE + 2 * rc[None, :] + 1, mask=rm[:, None], other=0).to(tl.int32)
+        f = ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)  # bf16 bits in the top half of an fp32
+        tl.store(out_ptr + oo[:, None] + NOPE + rc[None, :], f.to(out_ptr.dtype.element_ty), mask=rm[:, None])
+
+
+def _pow2_or_fail(name: str, value: int) -> None:
+    if next_pow2(value) != value:
+        raise ValueError(f"the Triton codec needs a power-of-two {name}, got {value}")
+
+
+def fp8_ds_mla_quantize(x: torch.Tensor, out: torch.Tensor | None = None, *,
+                        layout: Fp8DsMlaLayout = DSV4_LAYOUT) -> torch.Tensor:
+    """Encode rows ``x [N, nope + rope]`` (fp32/bf16) into ``out [N, row_bytes]`` uint8 (allocated if None).
+
+    ``out`` may be a strided row view (inner dim contiguous); it is returned.
+    """
+    if out is None:
+        out = torch.empty(x.shape[0], layout.row_bytes, dtype=torch.uint8, device=x.device)
+    _check_quant(x, out, layout)
+    _pow2_or_fail("qblock", layout.qblock)
+    _pow2_or_fail("rope", layout.rope)
+    require_triton("fp8_ds_mla_quantize")
+    if x.shape[0] == 0:
+        return out
+    pad = layout.row_bytes - layout.scale_off - layout.n_scales
+    block_r = 16 if x.is_cuda else 64
+    _quant_kernel[(triton.cdiv(x.shape[0], block_r),)](
+        x, out, x.shape[0], x.stride(0), out.stride(0), NOPE=layout.nope, ROPE=layout.rope, QBLOCK=layout.qblock,
+        PAD=pad, PAD_P2=next_pow2(pad), BLOCK_R=block_r, X_IS_BF16=x.dtype == torch.bfloat16)
+    return out
+
+
+def fp8_ds_mla_dequantize(rows: torch.Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+                          layout: Fp8DsMlaLayout = DSV4_LAYOUT) -> torch.Tensor:
+    """Decode ``rows [N, row_bytes]`` uint8 into ``[N, nope + rope]`` of ``out_dtype``."""
+    _check_dequant(rows, out_dtype, layout)
+    _pow2_or_fail("qblock", layout.qblock)
+    _pow2_or_fail("rope", layout.rope)
+    require_triton("fp8_ds_mla_dequantize")
+    out = torch.empty(rows.shape[0], layout.dim, dtype=out_dtype, device=rows.device)
+    if rows.shape[0] == 0:
+        return out
+    block_r = 16 if rows.is_cuda else 64
+    _dequant_kernel[(triton.cdiv(rows.shape[0], block_r),)](
+        rows, out, rows.shape[0], rows.stride(0), out.stride(0), NOPE=layout.nope, ROPE=layout.rope,
+        QBLOCK=layout.qblock, BLOCK_R=block_r)
+    return out

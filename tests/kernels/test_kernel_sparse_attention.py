@@ -1,0 +1,152 @@
+"""Sparse attention with a sink: reference vs a float64 loop, Triton vs reference, and the paged pipeline
+(swa_write + compressed_write + index builders + attention) against attention over contiguous K."""
+
+import math
+
+import pytest
+import torch
+from kernel_testlib import arena_rows, i32, random_table
+
+from atom.kernels.backend import load_kernels
+from atom.kernels.sparse_attention import sparse_attention, sparse_attention_ref
+
+
+def naive_attention(q, wrows, widx, crows, cidx, sink, scale):
+    """Per token, per head, in float64: exp(s_j) / (sum exp(s_j) + exp(sink))."""
+    T, H, D = q.shape
+    out = torch.zeros(T, H, D, dtype=torch.float64)
+    for t in range(T):
+        keys = [wrows[i].double() for i in widx[t].tolist() if i >= 0]
+        if crows is not None:
+            keys += [crows[i].double() for i in cidx[t].tolist() if i >= 0]
+        for h in range(H):
+            num = torch.zeros(D, dtype=torch.float64)
+            den = math.exp(float(sink[h]))
+            for key in keys:
+                e = math.exp(scale * float(q[t, h].double() @ key))
+                num += e * key
+                den += e
+            out[t, h] = num / den
+    return out
+
+
+def random_case(T, H, D, nw, nc, W, Kc, gen, dtype=torch.float32):
+    q = torch.randn(T, H, D, generator=gen).to(dtype)
+    _, wrows = arena_rows(nw, D, dtype)
+    _, crows = arena_rows(nc, D, dtype)
+    wrows.copy_(torch.randn(nw, D, generator=gen))
+    crows.copy_(torch.randn(nc, D, generator=gen))
+    widx = torch.randint(-1, nw, (T, W), generator=gen, dtype=torch.int32)
+    cidx = torch.randint(-1, nc, (T, Kc), generator=gen, dtype=torch.int32)
+    sink = torch.randn(H, generator=gen)
+    return q, wrows, widx, crows, cidx, sink
+
+
+def test_reference_matches_a_float64_loop(gen):
+    q, wrows, widx, crows, cidx, sink = random_case(3, 2, 8, 10, 7, 4, 5, gen)
+    widx[0] = -1
+    cidx[0] = -1  # a token with nothing to attend: output 0
+    got = sparse_attention_ref(q, wrows, widx, crows, cidx, sink, scale=0.3)
+    want = naive_attention(q, wrows, widx, crows, cidx, sink, 0.3)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    assert bool((got[0] == 0).all()) and float(got[1:].abs().max()) > 0.01
+
+
+def test_the_sink_only_enlarges_the_denominator():
+    rows = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    q = torch.zeros(1, 1, 2)  # equal logits 0 for both rows
+    out = sparse_attention_ref(q, rows, i32([[0, 1]]), None, None, torch.tensor([math.log(2.0)]), scale=1.0)
+    # weights exp(0) / (1 + 1 + 2) = 1/4 each
+    torch.testing.assert_close(out, torch.tensor([[[0.25, 0.25]]]))
+
+
+@pytest.mark.parametrize("T,W,Kc", [(9, 16, 70), (4, 8, 0)], ids=["prefill-c4-like", "decode-dense"])
+def test_triton_equals_the_reference_in_fp32(T, W, Kc, gen):
+    q, wrows, widx, crows, cidx, sink = random_case(T, 5, 24, 30, 50, W, Kc, gen)
+    widx[1] = -1
+    comp = (crows, cidx) if Kc else (None, None)
+    got = sparse_attention(q, wrows, widx, *comp, sink, scale=24 ** -0.5)
+    ref = sparse_attention_ref(q, wrows, widx, *comp, sink, scale=24 ** -0.5)
+    torch.testing.assert_close(got, ref, rtol=2e-5, atol=2e-6)
+    assert not bool(got.isnan().any())
+
+
+def test_triton_equals_the_reference_in_bf16_within_one_ulp(gen):
+    q, wrows, widx, crows, cidx, sink = random_case(5, 4, 32, 20, 20, 8, 20, gen, dtype=torch.bfloat16)
+    got = sparse_attention(q, wrows, widx, crows, cidx, sink, scale=32 ** -0.5)
+    ref = sparse_attention_ref(q, wrows, widx, crows, cidx, sink, scale=32 ** -0.5)
+    # the interpreter truncates fp32 -> bf16 (triton_on_cpu.md 2.3), so allow one bf16 ulp
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_paged_pipeline_equals_attention_over_contiguous_keys(backend, gen):
+    """Write K of two sequences into paged SWA and HCA rows, build indices, attend; compare with a
+    direct computation over each sequence's contiguous K (window rows + all completed entries)."""
+    kern = load_kernels(backend)
+    bs, stride, window, ratio, k_pages, chunk_rows, D, H = 8, 11, 5, 4, 2, 5, 16, 3
+    lens = [21, 14]
+    swa_table = random_table(2, 3, 8, gen, p_missing=0.0)
+    comp_table = random_table(2, 3, 8, gen, p_missing=0.0)
+    keys = [torch.randn(n, D, generator=gen) for n in lens]
+    entries = [torch.randn(n // ratio, D, generator=gen) for n in lens]
+    _, swa_rows = arena_rows(8 * stride, D, torch.float32)
+    _, comp_rows = arena_rows(4 * chunk_rows, D, torch.float32)
+    seqs = i32([s for s, n in enumerate(lens) for _ in range(n)])
+    pos = i32([p for n in lens for p in range(n)])
+    kern.swa_write(torch.cat(keys), swa_rows, swa_table, seqs, pos, block_size=bs, row_stride=stride)
+    ent_seq = i32([s for s, n in enumerate(lens) for _ in range(n // ratio)])
+    ent_idx = i32([i for n in lens for i in range(n // ratio)])
+    kern.compressed_write(torch.cat(entries), comp_rows, comp_table, ent_seq, ent_idx, entries_per_block=bs // ratio,
+                          pages_per_chunk=k_pages, chunk_rows=chunk_rows)
+    idx = kern.build_paged_index("hca", swa_table, seqs, pos, window=window, block_size=bs, row_stride=stride,
+                                 comp_table=comp_table, comp_width=6, ratio=ratio, pages_per_chunk=k_pages,
+                                 chunk_rows=chunk_rows)
+    q = torch.randn(len(pos), H, D, generator=gen)
+    sink = torch.randn(H, generator=gen)
+    got = kern.sparse_attention(q, swa_rows, idx.window_idx, comp_rows, idx.comp_idx, sink, scale=0.25)
+    t = 0
+    for s, n in enumerate(lens):
+        for p in range(n):
+            ctx = torch.cat([keys[s][max(0, p - window + 1):p + 1], entries[s][:(p + 1) // ratio]])
+            logits = 0.25 * (q[t] @ ctx.T)
+            m = torch.maximum(logits.max(-1).values, sink)
+            e = torch.exp(logits - m[:, None])
+            want = (e @ ctx) / (e.sum(-1) + torch.exp(sink - m))[:, None]
+            torch.testing.assert_close(got[t], want, rtol=1e-5, atol=1e-6)
+            t += 1
+
+
+BAD = {
+    "q bf16, rows fp32": (dict(q=torch.zeros(2, 2, 4, dtype=torch.bfloat16)), "dtype"),
+    "rows width": (dict(window_rows=torch.zeros(5, 3)), "width"),
+    "index past the rows": (dict(window_idx=i32([[0, 5], [1, 2]])), "window_idx"),
+    "index int64": (dict(window_idx=torch.zeros(2, 2, dtype=torch.int64)), "int32"),
+    "index rows differ from tokens": (dict(window_idx=i32([[0, 1]])), "shape"),
+    "comp rows without comp index": (dict(comp_idx=None), "together"),
+    "sink per head": (dict(sink=torch.zeros(3)), "width"),
+    "sink -inf": (dict(sink=torch.tensor([0.0, float("-inf")])), "finite"),
+    "q inner dim strided": (dict(q=torch.zeros(2, 2, 8)[:, :, ::2]), "contiguous"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+@pytest.mark.parametrize("fn", [sparse_attention, sparse_attention_ref], ids=["triton", "torch"])
+def test_wrapper_rejects_bad_arguments(fn, case):
+    args = dict(q=torch.zeros(2, 2, 4), window_rows=torch.zeros(5, 4), window_idx=i32([[0, 1], [2, -1]]),
+                comp_rows=torch.zeros(3, 4), comp_idx=i32([[0], [-1]]), sink=torch.zeros(2))
+    change, needle = BAD[case]
+    args.update(change)
+    with pytest.raises(ValueError, match=needle):
+        fn(args["q"], args["window_rows"], args["window_idx"], args["comp_rows"], args["comp_idx"], args["sink"],
+           scale=0.5)
+
+
+@pytest.mark.parametrize("fn", [sparse_attention, sparse_attention_ref], ids=["triton", "torch"])
+def test_masked_slots_never_read_row_zero_of_a_nan_arena(fn, gen):
+    rows = torch.randn(6, 16, generator=gen)
+    rows[0] = float("nan")  # unwritten arena memory
+    widx = i32([[-1, 3, 4], [-1, -1, -1]])
+    out = fn(torch.randn(2, 2, 16, generator=gen), rows, widx, rows, i32([[-1, 5], [-1, 2]]),
+             torch.zeros(2), scale=0.25)
+    assert not bool(out.isnan().any())
