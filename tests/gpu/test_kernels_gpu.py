@@ -1,0 +1,124 @@
+"""Compiled Triton kernels against the torch references on a GPU, at real DSV4-Flash row geometry.
+
+Skipped on machines without CUDA/ROCm. Run in its own session (``pytest tests/gpu``): the CPU kernel
+tests set ``TRITON_INTERPRET=1`` for the whole process, and these tests must exercise compiled code.
+"""
+
+import os
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() "
+                       "is False); the CPU tests in tests/kernels cover the same kernels in the interpreter"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                       reason="TRITON_INTERPRET=1 is set (tests/kernels ran in this session): run tests/gpu alone"),
+]
+
+DEV = "cuda"
+BS, ROW_STRIDE, WINDOW, D, H = 128, 224, 128, 512, 64
+
+
+def table(num_seqs, max_blocks, num_pages, gen):
+    pages = torch.randperm(num_pages, generator=gen)[:num_seqs * max_blocks].view(num_seqs, max_blocks)
+    pages[torch.rand(num_seqs, max_blocks, generator=gen) < 0.2] = -1
+    return pages.to(torch.int32).to(DEV)
+
+
+def same_bits(a, b):
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.uint8: torch.uint8, torch.int32: torch.int32}
+    return torch.equal(a.contiguous().view(ints[a.dtype]), b.contiguous().view(ints[b.dtype]))
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(7)
+
+
+def test_swa_write_prefill_equals_the_reference_with_the_fused_c4_stride(gen):
+    from atom.kernels.swa_write import swa_write_prefill, swa_write_prefill_ref
+
+    lens = torch.tensor([700, 1, 129, 4096])
+    cu = torch.cat([torch.zeros(1), lens.cumsum(0)]).to(torch.int32).to(DEV)
+    pos_start = torch.tensor([0, 300, 127, 1000], dtype=torch.int32, device=DEV)
+    tab = table(4, 48, 256, gen)
+    k = torch.randn(int(lens.sum()), D, generator=gen).to(torch.bfloat16).to(DEV)
+    for full in (False, True):
+        a = torch.full((256 * ROW_STRIDE, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+        b = a.clone()
+        kw = dict(block_size=BS, row_stride=ROW_STRIDE, window=WINDOW, full_retain=full)
+        swa_write_prefill(k, a, tab, cu, pos_start, **kw)
+        swa_write_prefill_ref(k, b, tab, cu, pos_start, **kw)
+        assert same_bits(a, b)
+
+
+def test_compressor_state_capture_and_restore_equal_the_references(gen):
+    from atom.kernels import compressor_state as cs
+
+    lens = [300, 5, 1024]
+    cu = torch.tensor([0, 300, 305, 1329], dtype=torch.int32, device=DEV)
+    pos_start = torch.tensor([0, 123, 1024], dtype=torch.int32, device=DEV)
+    kv, score = (torch.randn(1329, 2 * D, generator=gen).to(DEV) for _ in range(2))
+    ape = torch.randn(4, 2 * D, generator=gen).to(DEV)
+    slots = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEV)
+    states = [torch.full((4, 8, 2 * D), float("nan"), device=DEV) for _ in range(4)]
+    cs.compressor_state_update(kv, score, ape, states[0], states[1], slots, cu, pos_start)
+    cs.compressor_state_update_ref(kv, score, ape, states[2], states[3], slots, cu, pos_start)
+    assert same_bits(states[0], states[2]) and same_bits(states[1], states[3])
+    tab = table(3, 24, 80, gen)
+    dst = [torch.full((80, 4, 2 * D), float("nan"), device=DEV) for _ in range(4)]
+    cs.csa_boundary_capture(kv, score, ape, dst[0], dst[1], tab, cu, pos_start, block_size=BS)
+    cs.csa_boundary_capture_ref(kv, score, ape, dst[2], dst[3], tab, cu, pos_start, block_size=BS)
+    assert same_bits(dst[0], dst[2]) and same_bits(dst[1], dst[3])
+    src = torch.tensor([int(tab[0, 1]), 5, -1], dtype=torch.int32, device=DEV)
+    resume = torch.tensor([256, 128, 512], dtype=torch.int32, device=DEV)
+    fresh = [torch.full((4, 8, 2 * D), float("nan"), device=DEV) for _ in range(4)]
+    cs.csa_boundary_restore(dst[0], dst[1], fresh[0], fresh[1], src, slots, resume)
+    cs.csa_boundary_restore_ref(dst[2], dst[3], fresh[2], fresh[3], src, slots, resume)
+    assert same_bits(fresh[0], fresh[2]) and same_bits(fresh[1], fresh[3])
+
+
+@pytest.mark.parametrize("group", ["c4", "hca"])
+def test_index_builders_equal_the_references(group, gen):
+    from atom.kernels.paged_index import build_paged_index, build_paged_index_ref
+
+    ratio = 4 if group == "c4" else 128
+    n = 512
+    seqs = torch.randint(0, 8, (n,), generator=gen, dtype=torch.int32).to(DEV)
+    pos = torch.randint(0, 64 * BS, (n,), generator=gen, dtype=torch.int32).to(DEV)
+    topk = None
+    if group == "c4":
+        vis = ((pos.long() + 1) // ratio).clamp(min=1)
+        topk = (torch.rand(n, 512, generator=gen).to(DEV) * vis[:, None]).long().to(torch.int32)
+        topk[(pos + 1) // ratio == 0] = -1
+    kw = dict(window=WINDOW, block_size=BS, row_stride=ROW_STRIDE, comp_table=table(8, 64, 1024, gen), topk=topk,
+              comp_width=64, ratio=ratio, pages_per_chunk=7, chunk_rows=224)
+    swa = table(8, 64, 1024, gen)
+    a, b = build_paged_index(group, swa, seqs, pos, **kw), build_paged_index_ref(group, swa, seqs, pos, **kw)
+    assert torch.equal(a.window_idx, b.window_idx) and torch.equal(a.comp_idx, b.comp_idx)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 64])
+def test_sparse_attention_equals_the_reference_at_flash_geometry(num_tokens, gen):
+    from atom.kernels.sparse_attention import sparse_attention, sparse_attention_ref
+
+    q = torch.randn(num_tokens, H, D, generator=gen).to(torch.bfloat16).to(DEV)
+    wrows = torch.randn(4096, D, generator=gen).to(torch.bfloat16).to(DEV)
+    crows = torch.randn(8192, D, generator=gen).to(torch.bfloat16).to(DEV)
+    widx = torch.randint(-1, 4096, (num_tokens, WINDOW), generator=gen, dtype=torch.int32).to(DEV)
+    cidx = torch.randint(-1, 8192, (num_tokens, 512), generator=gen, dtype=torch.int32).to(DEV)
+    sink = torch.randn(H, generator=gen).to(DEV)
+    got = sparse_attention(q, wrows, widx, crows, cidx, sink, scale=D ** -0.5)
+    ref = sparse_attention_ref(q, wrows, widx, crows, cidx, sink, scale=D ** -0.5)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_fp8_ds_mla_codec_equals_the_reference(gen):
+    from atom.kernels.fp8_ds_mla import fp8_ds_mla_dequantize, fp8_ds_mla_quantize, fp8_ds_mla_quantize_ref
+
+    x = (torch.randn(1000, D, generator=gen) * torch.logspace(-5, 4, 1000)[:, None]).to(DEV)
+    got, ref = fp8_ds_mla_quantize(x), fp8_ds_mla_quantize_ref(x)
+    assert same_bits(got, ref)
+    assert same_bits(fp8_ds_mla_dequantize(got), fp8_ds_mla_dequantize(ref))
