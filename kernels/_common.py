@@ -9,7 +9,8 @@ on is checked here, in Python, and reported as ``ValueError`` naming the argumen
 
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+from typing import Iterable, Iterator
 
 import torch
 
@@ -76,9 +77,34 @@ def check_index(name: str, t: torch.Tensor, shape: tuple[int | None, ...]) -> No
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
 
 
+class _ValueChecks:
+    enabled = True
+
+
+@contextlib.contextmanager
+def value_checks_off() -> Iterator[None]:
+    """Inside the block, skip the checks that read tensor *values* (ranges, causality, finiteness).
+
+    Each such check costs a device sync, which a CUDA-graph capture cannot contain and which would
+    dominate a benchmark. Shapes, dtypes and layouts are still checked. Use it only for inputs that
+    were validated once outside the block. Does not nest; not thread-safe (one host thread launches).
+    """
+    if not _ValueChecks.enabled:
+        raise RuntimeError("value_checks_off() does not nest")
+    _ValueChecks.enabled = False
+    try:
+        yield
+    finally:
+        _ValueChecks.enabled = True
+
+
+def value_checks_enabled() -> bool:
+    return _ValueChecks.enabled
+
+
 def check_range(name: str, t: torch.Tensor, lo: int, hi: int, what: str = "") -> None:
-    """Every value of ``t`` lies in [lo, hi). Costs one device sync on a GPU."""
-    if t.numel() == 0:
+    """Every value of ``t`` lies in [lo, hi). Costs one device sync on a GPU (skipped under value_checks_off)."""
+    if t.numel() == 0 or not _ValueChecks.enabled:
         return
     tmin, tmax = int(t.min()), int(t.max())
     if tmin < lo or tmax >= hi:

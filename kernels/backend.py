@@ -13,6 +13,10 @@ is used for an op only where one is registered with :func:`register_aiter`; none
 matches these contracts today (the arena's ``row_stride`` and fused c4 chunk are ours), so under
 ``aiter`` an op without an aiter entry runs its Triton wrapper, and :func:`load_kernels` reports
 which implementation each op got.
+
+Every wrapper checks its arguments before launch. The checks that read tensor values (table
+ranges, top-k causality) sync the device; :func:`value_checks_off` skips them for inputs already
+validated (CUDA-graph capture, benchmarks), keeping the shape, dtype and layout checks.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from typing import Callable
 
 import torch
 
-from ._common import HAS_TRITON
+from ._common import HAS_TRITON, value_checks_off
 
 __all__ = ["OPS", "BACKENDS", "resolve_backend", "get_kernel", "load_kernels", "KernelSet", "register_aiter",
-           "aiter_available"]
+           "aiter_available", "value_checks_off"]
 
 BACKENDS = ("torch", "triton", "aiter")
 _CHOICES = ("auto",) + BACKENDS

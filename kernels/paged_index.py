@@ -25,7 +25,8 @@ from typing import NamedTuple
 import torch
 
 from ._common import (HAS_TRITON, check_comp_geometry, check_index, check_positive, check_range,
-                      check_same_device, check_swa_geometry, compressed_row, next_pow2, require_triton, triton, tl)
+                      check_same_device, check_swa_geometry, compressed_row, next_pow2, require_triton, triton, tl,
+                      value_checks_enabled)
 
 __all__ = ["PagedIndex", "build_window_index", "build_window_index_ref", "build_comp_index",
            "build_comp_index_ref", "build_paged_index", "build_paged_index_ref", "GROUPS"]
@@ -93,7 +94,7 @@ def _check_comp(comp_table, seq_idx, positions, topk, width, geo: CompGeometry) 
     check_same_device(topk=topk, comp_table=comp_table)
     check_range("topk", topk, -1, cover, "logical entry indices, or -1 = padding")
     live = ((seq_idx >= 0) & (positions >= 0))[:, None]
-    if bool(((topk.long() >= vis[:, None]) & (topk >= 0) & live).any()):
+    if value_checks_enabled() and bool(((topk.long() >= vis[:, None]) & (topk >= 0) & live).any()):
         raise ValueError("topk holds an entry a query cannot see yet (entry i needs i < (pos + 1) // ratio)")
 
 

@@ -155,8 +155,9 @@ if HAS_TRITON:
         s = tl.program_id(0)
         start = tl.load(cu_ptr + s)
         n = tl.load(cu_ptr + s + 1) - start
-        j0 = 0
-        if not FULL_RETAIN:
+        if FULL_RETAIN:
+            j0 = n * 0
+        else:
             j0 = tl.maximum(n - window, 0)
         j = j0 + tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
         ok = j < n

@@ -85,3 +85,23 @@ def test_kernel_modules_import_and_references_run_without_triton():
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "ok"
+
+
+def test_value_checks_off_skips_only_the_value_checks_and_does_not_nest():
+    from kernel_testlib import i32
+
+    rows = torch.full((16, 2), float("nan"))
+    bad_table = i32([[5]])  # page 5 of an 8-row stride: outside the 16 rows
+    with pytest.raises(ValueError, match="swa_table"):
+        swa_write(torch.ones(1, 2), rows, bad_table, i32([0]), i32([0]), block_size=8, row_stride=8)
+    with backend.value_checks_off():
+        with pytest.raises(ValueError, match="dtype"):  # layout checks still run
+            swa_write(torch.ones(1, 2, dtype=torch.float64), rows, i32([[1]]), i32([0]), i32([0]), block_size=8,
+                      row_stride=8)
+        swa_write(torch.ones(1, 2), rows, i32([[1]]), i32([0]), i32([0]), block_size=8, row_stride=8)
+        with pytest.raises(RuntimeError, match="nest"):
+            with backend.value_checks_off():
+                pass
+    assert rows[8].tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="swa_table"):  # back on after the block
+        swa_write(torch.ones(1, 2), rows, bad_table, i32([0]), i32([0]), block_size=8, row_stride=8)
