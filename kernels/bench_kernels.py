@@ -1,0 +1,162 @@
+"""GPU benchmark of the DSV4 KV kernels: ``python -m atom.kernels.bench_kernels [--json out.json]``.
+
+Measures, with the compiled Triton kernels and ``triton.testing.do_bench`` (CUDA events):
+
+* effective bandwidth (bytes read + written / time) of ``swa_write`` (decode and window-only /
+  full-retain prefill), ``compressor_state_update``, ``csa_boundary_capture`` / ``restore`` and the
+  index builders;
+* sparse decode attention time per token at 8K and 128K context, real V4-Flash geometry (head_dim
+  512, 64 heads, window 128, CSA top-k 512; HCA attends every completed entry, ctx / 128).
+
+Value checks are switched off inside the timed calls (:func:`value_checks_off`): they sync the device
+and were run once, untimed, on the same inputs. It needs a GPU; without one it prints why and exits
+with status 2 without reporting any number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+import torch
+
+from ._common import value_checks_off
+
+BS, ROW_STRIDE, WINDOW, D, H, TOPK, CSA_WIDTH = 128, 224, 128, 512, 64, 512, 2 * 512
+
+
+def _time_ms(fn: Callable[[], object]) -> float:
+    import triton.testing
+
+    fn()  # compile + validate once, with the value checks on
+    with value_checks_off():
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100))
+
+
+def _row(name: str, ms: float, nbytes: int | None = None, per: int | None = None) -> dict:
+    out = {"kernel": name, "ms": round(ms, 4)}
+    if nbytes is not None:
+        out["GB/s"] = round(nbytes / ms / 1e6, 1)
+    if per:
+        out["us_per_token"] = round(ms * 1e3 / per, 3)
+    return out
+
+
+def _table(num_seqs: int, max_blocks: int, dev: str) -> torch.Tensor:
+    return torch.randperm(num_seqs * max_blocks, device=dev).view(num_seqs, max_blocks).to(torch.int32)
+
+
+def bench_swa_write(dev: str) -> list[dict]:
+    from .swa_write import swa_write, swa_write_prefill
+
+    rows = torch.empty(4096 * ROW_STRIDE, D, dtype=torch.bfloat16, device=dev)
+    tab = _table(256, 16, dev)
+    k = torch.randn(256, D, dtype=torch.bfloat16, device=dev)
+    seq = torch.arange(256, dtype=torch.int32, device=dev)
+    pos = torch.full((256,), 1000, dtype=torch.int32, device=dev)
+    out = [_row("swa_write decode 256 tok bf16[512]",
+                _time_ms(lambda: swa_write(k, rows, tab, seq, pos, block_size=BS, row_stride=ROW_STRIDE)),
+                2 * k.numel() * 2)]
+    kp = torch.randn(16 * 1024, D, dtype=torch.bfloat16, device=dev)
+    cu = torch.arange(0, 17 * 1024, 1024, dtype=torch.int32, device=dev)
+    start = torch.zeros(16, dtype=torch.int32, device=dev)
+    for full in (False, True):
+        ms = _time_ms(lambda: swa_write_prefill(kp, rows, tab[:16], cu, start, block_size=BS, row_stride=ROW_STRIDE,
+                                                window=WINDOW, full_retain=full))
+        written = 16 * (1024 if full else WINDOW) * D * 2
+        out.append(_row(f"swa_write_prefill 16x1024 tok {'full' if full else 'window'}", ms, 2 * written))
+    return out
+
+
+def bench_compressor_state(dev: str) -> list[dict]:
+    from . import compressor_state as cs
+
+    seqs, chunk = 64, 512
+    kv, score = (torch.randn(seqs * chunk, CSA_WIDTH, device=dev) for _ in range(2))
+    ape = torch.randn(4, CSA_WIDTH, device=dev)
+    cu = torch.arange(0, (seqs + 1) * chunk, chunk, dtype=torch.int32, device=dev)
+    start = torch.zeros(seqs, dtype=torch.int32, device=dev)
+    slots = torch.arange(seqs, dtype=torch.int32, device=dev)
+    kvs, ss = (torch.empty(seqs, 8, CSA_WIDTH, device=dev) for _ in range(2))
+    dst = [torch.empty(seqs * 4, 4, CSA_WIDTH, device=dev) for _ in range(2)]
+    tab = _table(seqs, 4, dev)
+    row_bytes = CSA_WIDTH * 4
+    res = [_row("compressor_state_update 64 seq, ring 8, fp32[1024]",
+                _time_ms(lambda: cs.compressor_state_update(kv, score, ape, kvs, ss, slots, cu, start)),
+                seqs * 8 * row_bytes * 5)]  # kv + score + ape read, kv + score written
+    res.append(_row("csa_boundary_capture 64 seq x 4 blocks",
+                    _time_ms(lambda: cs.csa_boundary_capture(kv, score, ape, *dst, tab, cu, start, block_size=BS)),
+                    seqs * 4 * 4 * row_bytes * 5))
+    src = tab[:, 3].contiguous()
+    resume = torch.full((seqs,), 4 * BS, dtype=torch.int32, device=dev)
+    res.append(_row("csa_boundary_restore 64 seq",
+                    _time_ms(lambda: cs.csa_boundary_restore(*dst, kvs, ss, src, slots, resume)),
+                    seqs * 4 * row_bytes * 4))
+    return res
+
+
+def bench_index(dev: str) -> list[dict]:
+    from .paged_index import build_comp_index, build_window_index
+
+    n, ctx = 256, 128 * 1024
+    seq = torch.arange(n, dtype=torch.int32, device=dev) % 8
+    pos = torch.full((n,), ctx - 1, dtype=torch.int32, device=dev)
+    swa, comp = _table(8, ctx // BS, dev), _table(8, ctx // BS, dev)
+    topk = torch.randint(0, ctx // 4, (n, TOPK), dtype=torch.int32, device=dev)
+    res = [_row("build_window_index 256 tok, W 128",
+                _time_ms(lambda: build_window_index(swa, seq, pos, window=WINDOW, block_size=BS,
+                                                    row_stride=ROW_STRIDE)), n * WINDOW * 8)]
+    res.append(_row("build_comp_index c4 256 tok, top-k 512",
+                    _time_ms(lambda: build_comp_index(comp, seq, pos, topk, width=TOPK, ratio=4, entries_per_block=32,
+                                                      pages_per_chunk=7, chunk_rows=224)), n * TOPK * 12))
+    res.append(_row("build_comp_index hca 256 tok, 128K ctx (1024 entries)",
+                    _time_ms(lambda: build_comp_index(comp, seq, pos, None, width=ctx // 128, ratio=128,
+                                                      entries_per_block=1, pages_per_chunk=1, chunk_rows=1)),
+                    n * (ctx // 128) * 8))
+    return res
+
+
+def bench_attention(dev: str) -> list[dict]:
+    from .sparse_attention import sparse_attention
+
+    res = []
+    wrows = torch.randn(64 * ROW_STRIDE, D, dtype=torch.bfloat16, device=dev)
+    crows = torch.randn(64 * 1024, D, dtype=torch.bfloat16, device=dev)
+    sink = torch.randn(H, device=dev)
+    for ctx in (8 * 1024, 128 * 1024):
+        for group, kc in (("c4", TOPK), ("hca", ctx // 128)):
+            for tokens in (1, 64):
+                q = torch.randn(tokens, H, D, dtype=torch.bfloat16, device=dev)
+                widx = torch.randint(0, wrows.shape[0], (tokens, WINDOW), dtype=torch.int32, device=dev)
+                cidx = torch.randint(0, crows.shape[0], (tokens, kc), dtype=torch.int32, device=dev)
+                ms = _time_ms(lambda: sparse_attention(q, wrows, widx, crows, cidx, sink, scale=D ** -0.5))
+                res.append(_row(f"sparse decode attn {group} ctx {ctx // 1024}K, batch {tokens}", ms,
+                                tokens * (WINDOW + kc) * D * 2, per=tokens))
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_kernels: no CUDA/ROCm device (torch.cuda.is_available() is False); nothing measured",
+              file=sys.stderr)
+        return 2
+    rows = []
+    for bench in (bench_swa_write, bench_compressor_state, bench_index, bench_attention):
+        rows += bench("cuda")
+    print(f"device: {torch.cuda.get_device_name()}")
+    print("| kernel | ms | GB/s | us/token |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kernel']} | {r['ms']} | {r.get('GB/s', '')} | {r.get('us_per_token', '')} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
