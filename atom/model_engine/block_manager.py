@@ -1,0 +1,219 @@
+"""BlockManager: the prefix cache and every block a request holds, over one elastic arena.
+
+It owns the arena (``.arena``), the compressed block pool, the SWA pool (``.swa``) and the live
+compressor-state slots. Per request it
+
+- matches the prompt against the prefix cache (compressed hit, bounded by the SWA window and the
+  captured CSA state), and claims the hit blocks;
+- grows the request's tables before each step (new compressed blocks, SWA pages for every block the
+  step touches), making room by eviction when the arena is short;
+- after each step publishes fully written blocks and releases SWA blocks that left the window;
+- frees everything when the request ends or is preempted.
+
+Making room (``_make_room``): for an owner that is short of pages, first evict its own least
+recently used cached block (chunk-aware); if it has none, reclaim a whole chunk from the other
+owner's cache; if neither is possible, raise :class:`ArenaEmpty` (the scheduler preempts or waits).
+Nothing is evicted unless it helps: a chunk is reclaimed only when every used page of it is cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from atom.config import CacheConfig
+from atom.model_engine.block_pool import BlockPool
+from atom.model_engine.chunk_arena import ArenaEmpty
+from atom.model_engine.kv_layout import KvLayout
+from atom.model_engine.outputs import TableUpdate
+from atom.model_engine.sequence import Sequence
+from atom.model_engine.state_slots import StateSlotPool
+from atom.model_engine.swa_pool import SlidingWindowPool
+from atom.model_engine.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
+
+__all__ = ["BlockManager", "PrefixMatch", "PrefixCounters"]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """Blocks a prompt can reuse, and why it cannot reuse more (in blocks)."""
+
+    blocks: int  # the hit: blocks 0 .. blocks-1 are reused
+    compressed: int  # contiguous compressed blocks found
+    evicted: int  # further blocks whose compressed KV was cached once but evicted
+    window_bound: int  # the compressed hit bounded by a cached SWA window
+
+
+@dataclass(slots=True)
+class PrefixCounters:
+    """Totals over admitted requests (tokens), for metrics."""
+
+    queries: int = 0
+    hits: int = 0
+    lost_to_evicted_kv: int = 0
+    lost_to_swa_window: int = 0
+    lost_to_csa_state: int = 0
+
+
+class BlockManager:
+    """Prefix cache + block tables of all requests. Pure Python; the runner never calls it."""
+
+    def __init__(self, layout: KvLayout, cache: CacheConfig) -> None:
+        spec = layout.spec
+        self.block_size = spec.block_size
+        if cache.swa_retention_interval % self.block_size:
+            raise ValueError(f"swa_retention_interval={cache.swa_retention_interval} must be a multiple "
+                             f"of the block size {self.block_size}")
+        self.has_compressed = bool(spec.compressed_layers)
+        self.prefix_caching = cache.enable_prefix_caching
+        self.arena = UnifiedKvArena(layout)
+        self.comp = BlockPool(COMPRESS, self.arena, layout.max_compressed_pages if self.has_compressed else 0)
+        self.swa = SlidingWindowPool(self.arena, spec.sliding_window, cache.swa_full_retain,
+                                     cache.swa_retention_interval,
+                                     int(cache.swa_pin_fraction * layout.max_swa_pages), bool(spec.csa_layers))
+        self.slots = StateSlotPool(layout.max_live_requests)
+        self.comp.on_evict = self.swa.unpin_hash
+        self.swa.on_table_change = lambda seq, idx, page: self.updates.append(TableUpdate(seq.seq_id, SWA, idx, page))
+        self.updates: list[TableUpdate] = []
+        self.counters = PrefixCounters()
+
+    # ---- prefix matching ----------------------------------------------------------------------
+    def match_prefix(self, seq: Sequence) -> PrefixMatch:
+        """What ``seq`` could reuse now (no side effects). The last token always runs."""
+        limit = (len(seq) - 1) // self.block_size
+        if not self.prefix_caching or limit == 0:
+            return PrefixMatch(0, 0, 0, 0)
+        hashes = seq.hashes_upto(limit)
+        comp = limit
+        if self.has_compressed:
+            comp = next((j for j in range(limit) if self.comp.lookup(hashes[j], seq.block_tokens(j)) is None), limit)
+        evicted = 0
+        while comp + evicted < limit and hashes[comp + evicted] in self.comp.evicted_hashes:
+            evicted += 1
+        window, full = self.swa.bounded_hit(hashes, seq.block_tokens, comp)
+        return PrefixMatch(full, comp, evicted, window)
+
+    # ---- admission and growth -----------------------------------------------------------------
+    def admit(self, seq: Sequence, max_new: int) -> int:
+        """Claim ``seq``'s prefix hit and back its first step of up to ``max_new`` tokens.
+
+        Returns the number of tokens the first step runs, or 0 (changing nothing) when there is no
+        free state slot or the arena cannot make room.
+        """
+        if self.slots.num_free() == 0:
+            return 0
+        match = self.match_prefix(seq)
+        self._claim_hit(seq, match.blocks)
+        num_new = min(seq.num_remaining, max_new)
+        try:
+            self.grow(seq, num_new)
+        except ArenaEmpty:
+            self._release(seq)
+            seq.num_computed_tokens = seq.num_cached_tokens = 0
+            return 0
+        seq.state_slot = self.slots.take()
+        seq.state_fresh = True
+        self._count(seq, match)
+        return num_new
+
+    def _claim_hit(self, seq: Sequence, blocks: int) -> None:
+        seq.reset_blocks()
+        for j in range(blocks if self.has_compressed else 0):
+            bid = self.comp.lookup(seq.block_hashes[j], seq.block_tokens(j))
+            self.comp.claim(bid)
+            seq.comp_blocks.append(bid)
+            seq.comp_pages.append(self.comp.page(bid))
+        self.swa.claim_hit(seq, blocks)
+        seq.published_upto = blocks
+        seq.num_computed_tokens = seq.num_cached_tokens = blocks * self.block_size
+
+    def _count(self, seq: Sequence, match: PrefixMatch) -> None:
+        b, st, c = self.block_size, seq.stats, self.counters
+        st.prompt_tokens = len(seq)
+        st.reused = match.blocks * b
+        st.lost_to_evicted_kv = match.evicted * b
+        st.lost_to_swa_window = (match.compressed - match.window_bound) * b
+        st.lost_to_csa_state = (match.window_bound - match.blocks) * b
+        c.queries += st.prompt_tokens
+        c.hits += st.reused
+        c.lost_to_evicted_kv += st.lost_to_evicted_kv
+        c.lost_to_swa_window += st.lost_to_swa_window
+        c.lost_to_csa_state += st.lost_to_csa_state
+
+    def grow(self, seq: Sequence, num_new: int) -> None:
+        """Back the next ``num_new`` positions of ``seq``; :class:`ArenaEmpty` if no room."""
+        comp_new = 0
+        if self.has_compressed:
+            comp_new = max(0, -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.comp_blocks))
+        swa_new = self.swa.pages_needed(seq, num_new)
+        self._make_room(swa_new, comp_new)
+        for bid in self.comp.allocate(comp_new):
+            seq.comp_blocks.append(bid)
+            seq.comp_pages.append(self.comp.page(bid))
+            self.updates.append(TableUpdate(seq.seq_id, COMPRESS, len(seq.comp_pages) - 1, seq.comp_pages[-1]))
+        self.swa.ensure(seq, num_new)
+
+    def _make_room(self, swa: int, comp: int) -> None:
+        pools = {SWA: self.swa.pool, COMPRESS: self.comp}
+        while not self.arena.can_alloc(swa, comp):
+            short = [o for o, n in ((SWA, swa), (COMPRESS, comp)) if self.arena.chunks_needed(**{o: n}) > 0]
+            if any(pools[o].evict_lru() for o in short):
+                continue
+            if not any(pool.reclaim_chunk() for pool in pools.values()):
+                raise ArenaEmpty(f"no room for {swa} SWA + {comp} compressed pages and nothing evictable")
+
+    # ---- after a step -------------------------------------------------------------------------
+    def after_step(self, seq: Sequence) -> None:
+        """``seq.num_computed_tokens`` has advanced: publish full blocks, release the old window."""
+        full = seq.num_computed_tokens // self.block_size
+        if self.prefix_caching and full > seq.published_upto:
+            hashes = seq.hashes_upto(full)
+            for j in range(seq.published_upto, full if self.has_compressed else 0):
+                self.comp.publish(seq.comp_blocks[j], hashes[j], seq.block_tokens(j))
+            self.swa.publish_full(seq, seq.published_upto, full)
+        seq.published_upto = max(seq.published_upto, full)
+        self.swa.release_out_of_window(seq)
+        seq.state_fresh = False
+        seq.restore_page = -1
+
+    def free(self, seq: Sequence) -> None:
+        """Release everything ``seq`` holds (finished, aborted or preempted)."""
+        self._release(seq)
+        if seq.state_slot >= 0:
+            self.slots.give_back(seq.state_slot)
+        seq.reset_blocks()
+
+    def _release(self, seq: Sequence) -> None:
+        for j in range(len(seq.comp_blocks) - 1, -1, -1):
+            self.comp.release(seq.comp_blocks[j], keep=self.prefix_caching)
+        self.swa.release_seq(seq)
+        seq.comp_blocks, seq.comp_pages = [], []
+
+    def reset_prefix_cache(self) -> int:
+        """Evict every cached block of both pools; returns how many."""
+        return self.comp.unpublish_all_cached() + self.swa.pool.unpublish_all_cached()
+
+    def take_updates(self) -> list[TableUpdate]:
+        out, self.updates = self.updates, []
+        return out
+
+    # ---- integrity ----------------------------------------------------------------------------
+    def check_integrity(self, seqs: list[Sequence]) -> None:
+        """Conservation of ids, chunks and slots; ref counts equal holders; tables match the arena."""
+        comp_holders: dict[int, int] = {}
+        swa_holders: dict[int, int] = {bid: 1 for bid in self.swa.pinned_ids()}
+        for seq in seqs:
+            assert len(seq.comp_blocks) == len(seq.comp_pages) and len(seq.swa_blocks) == len(seq.swa_pages)
+            for bid, page in zip(seq.comp_blocks, seq.comp_pages):
+                comp_holders[bid] = comp_holders.get(bid, 0) + 1
+                assert self.comp.page(bid) == page, f"seq {seq.seq_id}: stale compressed page"
+            for bid, page in zip(seq.swa_blocks, seq.swa_pages):
+                if bid >= 0:
+                    swa_holders[bid] = swa_holders.get(bid, 0) + 1
+                    assert self.swa.pool.page(bid) == page, f"seq {seq.seq_id}: stale SWA page"
+                else:
+                    assert page == -1
+        self.comp.check_integrity(comp_holders)
+        self.swa.pool.check_integrity(swa_holders)
+        self.arena.check_integrity()
+        self.slots.check_integrity([s.state_slot for s in seqs if s.state_slot >= 0])
+        assert self.swa.num_pins <= max(self.swa.max_pins, 0)

@@ -1,0 +1,44 @@
+"""A deterministic stand-in for the model runner, so the whole control plane runs without torch.
+
+It is a real consumer of the scheduler's contract: it keeps the per-request page tables the way the
+model runner does (full tables when a request is admitted, then deltas, dropped on release) and
+returns a token that depends only on the request and the position, so runs are reproducible.
+"""
+
+from __future__ import annotations
+
+from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
+from atom.model_engine.unified_kv_arena import COMPRESS, SWA
+
+__all__ = ["FakeRunner"]
+
+
+class FakeRunner:
+    """``token = (seq_id * 7919 + position * 31) % vocab_size``, skipping ``avoid`` tokens."""
+
+    def __init__(self, vocab_size: int = 1000, avoid: tuple[int, ...] = ()) -> None:
+        self.vocab_size = vocab_size
+        self.avoid = set(avoid)
+        self.tables: dict[int, dict[str, list[int]]] = {}
+        self.steps = 0
+
+    def token_for(self, seq_id: int, position: int) -> int:
+        tok = (seq_id * 7919 + position * 31) % self.vocab_size
+        while tok in self.avoid:
+            tok = (tok + 1) % self.vocab_size
+        return tok
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        self.steps += 1
+        for sid in batch.released_ids:
+            self.tables.pop(sid, None)
+        for new in batch.new_tables:
+            self.tables[new.seq_id] = {COMPRESS: list(new.comp_pages), SWA: list(new.swa_pages)}
+        for u in batch.table_updates:
+            table = self.tables[u.seq_id][u.owner]
+            while len(table) <= u.index:
+                table.append(-1)
+            table[u.index] = u.page
+        sampled = {s.seq_id: self.token_for(s.seq_id, s.start_pos + s.num_tokens)
+                   for s in batch.seqs if s.sample}
+        return RunnerOutput(sampled)

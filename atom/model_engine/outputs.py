@@ -1,0 +1,77 @@
+"""The scheduler -> runner contract: frozen dataclasses, and nothing else crosses.
+
+Per-request page tables live on the runner side and are kept current by deltas: a request's full
+tables are shipped once (``new_tables``, when it is admitted), then only the entries that changed
+(``table_updates``), so a step's size does not grow with context length. Every table entry is a
+physical page or -1 (no page: out of window, never materialised); kernels skip -1, never fall back
+to page 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from atom.sampling_params import SamplingParams
+
+__all__ = ["ScheduledSeq", "TableUpdate", "NewTables", "ScheduledBatch", "RunnerOutput"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    """One request's work in a step: run ``token_ids`` at positions ``start_pos ..``."""
+
+    seq_id: int
+    start_pos: int
+    token_ids: tuple[int, ...]
+    sample: bool  # the step ends at the request's last token: sample the next one
+    state_slot: int
+    state_reset: bool  # first step after admission: clear the slot (kv 0, score -inf) before use
+    restore_page: int  # physical SWA page whose CSA boundary state seeds the slot (prefix hit), or -1
+    capture_pages: tuple[tuple[int, int], ...]  # (block index, physical SWA page) whose last 4 rows run now
+    params: SamplingParams
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class TableUpdate:
+    """Entry ``index`` of request ``seq_id``'s ``owner`` table ("swa" / "compress") is now ``page``."""
+
+    seq_id: int
+    owner: str
+    index: int
+    page: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewTables:
+    """The full tables of a request admitted this step."""
+
+    seq_id: int
+    comp_pages: tuple[int, ...]
+    swa_pages: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledBatch:
+    """Everything the runner needs for one step."""
+
+    step: int
+    seqs: tuple[ScheduledSeq, ...]
+    new_tables: tuple[NewTables, ...]
+    table_updates: tuple[TableUpdate, ...]
+    released_ids: tuple[int, ...]  # requests whose runner-side tables can be dropped
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOutput:
+    """Sampled token per request that had ``sample=True`` (and optional per-step logits for tests)."""
+
+    sampled: Mapping[int, int]

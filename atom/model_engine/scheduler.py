@@ -1,0 +1,227 @@
+"""Token-budget scheduler: one loop turns requests into ``{request: num_new_tokens}`` per step.
+
+Chunked prefill and decode mix freely in a step. Each step:
+
+1. ``_extend_running``: every running request, oldest first, gets ``min(remaining, budget)`` tokens
+   (1 when decoding). If the arena cannot back them, the most recently admitted other request is
+   preempted (recompute: its blocks are released, published ones stay cached, so re-admission
+   usually hits) until it fits; a request alone first shrinks its chunk to the end of its block,
+   then preempts itself.
+2. ``_admit_waiting``: first-come first-served, while budget, sequence slots and memory last.
+   Admission claims the prefix hit and backs the whole first chunk at once (it reserves what it
+   uses, so it never over-commits), and stops at the first request that does not fit.
+3. ``_build_output``: the frozen :class:`ScheduledBatch`.
+
+``ArenaEmpty`` never escapes ``schedule()``. A request that could never run (longer than the model
+length) is refused in :meth:`add`; one whose first block cannot fit even in an idle arena is
+finished as aborted with the reason in :attr:`Sequence.error`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from atom.config import SchedulerConfig
+from atom.model_engine.block_manager import BlockManager
+from atom.model_engine.chunk_arena import ArenaEmpty
+from atom.model_engine.outputs import NewTables, RunnerOutput, ScheduledBatch, ScheduledSeq
+from atom.model_engine.sequence import Sequence, SequenceStatus
+
+__all__ = ["Scheduler", "StepResult"]
+
+
+class StepResult:
+    """What one step did to one request (for streaming)."""
+
+    __slots__ = ("seq", "new_token", "finished")
+
+    def __init__(self, seq: Sequence, new_token: int | None, finished: bool) -> None:
+        self.seq, self.new_token, self.finished = seq, new_token, finished
+
+
+class Scheduler:
+    """Owns the waiting queue and running list; talks to the runner only through frozen batches."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, eos_token_id: int | None) -> None:
+        self.config = config
+        self.bm = block_manager
+        self.eos_token_id = eos_token_id
+        self.block_size = block_manager.block_size
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.by_id: dict[int, Sequence] = {}
+        self.step_count = 0
+        self.num_preemptions = 0
+        self._released: list[int] = []
+        self._preempted_now: set[int] = set()
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a request; ``ValueError`` if it could never run within the model length."""
+        limit = self.config.max_model_len
+        total = seq.num_prompt_tokens + seq.params.max_tokens
+        if seq.num_prompt_tokens >= limit or total > limit:
+            raise ValueError(
+                f"request needs {seq.num_prompt_tokens} prompt + {seq.params.max_tokens} output tokens = {total}, "
+                f"more than the model length {limit}; shorten the prompt or lower max_tokens")
+        if seq.seq_id in self.by_id:
+            raise ValueError(f"request id {seq.seq_id} is already in use")
+        self.by_id[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, seq_id: int) -> bool:
+        """Stop a request at any point and free everything it holds. False if unknown/finished."""
+        seq = self.by_id.get(seq_id)
+        if seq is None or seq.status.finished:
+            return False
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.bm.free(seq)
+            self._released.append(seq.seq_id)
+        else:
+            self.waiting.remove(seq)
+        self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ---------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        self.step_count += 1
+        self._preempted_now.clear()
+        budget = self.config.max_num_batched_tokens
+        work: dict[int, int] = {}
+        budget = self._extend_running(work, budget)
+        admitted = self._admit_waiting(work, budget)
+        return self._build_output(work, admitted)
+
+    def _extend_running(self, work: dict[int, int], budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = self._grow_or_preempt(seq, min(seq.num_remaining, budget))
+            if n:
+                work[seq.seq_id] = n
+                budget -= n
+                i += 1
+        return budget
+
+    def _grow_or_preempt(self, seq: Sequence, n: int) -> int:
+        """Back ``n`` tokens of ``seq``, preempting younger requests; 0 if ``seq`` itself was preempted."""
+        while True:
+            try:
+                self.bm.grow(seq, n)
+                return n
+            except ArenaEmpty:
+                pass
+            if self.running[-1] is not seq:
+                self._preempt(self.running[-1])
+                continue
+            to_block_end = self.block_size - seq.num_computed_tokens % self.block_size
+            if n > to_block_end:
+                n = to_block_end
+                continue
+            self._preempt(seq)
+            return 0
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute policy: release the request's blocks, put it back at the head of the queue."""
+        self.running.remove(seq)
+        self.bm.free(seq)
+        self._released.append(seq.seq_id)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = seq.num_cached_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self._preempted_now.add(seq.seq_id)
+        self.waiting.appendleft(seq)
+
+    def _admit_waiting(self, work: dict[int, int], budget: int) -> list[Sequence]:
+        admitted = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.seq_id in self._preempted_now:
+                break
+            n = self.bm.admit(seq, budget)
+            if n == 0 and not self.running and self.bm.slots.num_free():
+                n = self.bm.admit(seq, 1)
+                if n == 0:
+                    self.waiting.popleft()
+                    seq.error = "the KV arena cannot hold this request's first block even when idle"
+                    self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+                    continue
+            if n == 0:
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            admitted.append(seq)
+            work[seq.seq_id] = n
+            budget -= n
+        return admitted
+
+    def _build_output(self, work: dict[int, int], admitted: list[Sequence]) -> ScheduledBatch:
+        new_ids = {s.seq_id for s in admitted}
+        updates = tuple(u for u in self.bm.take_updates() if u.seq_id not in new_ids and u.seq_id in work)
+        seqs = tuple(self._scheduled_seq(self.by_id[sid], n) for sid, n in work.items())
+        new_tables = tuple(NewTables(s.seq_id, tuple(s.comp_pages), tuple(s.swa_pages)) for s in admitted)
+        released, self._released = tuple(self._released), []
+        return ScheduledBatch(self.step_count, seqs, new_tables, updates, released)
+
+    def _scheduled_seq(self, seq: Sequence, n: int) -> ScheduledSeq:
+        start, b = seq.num_computed_tokens, self.block_size
+        capture = tuple((j, seq.swa_pages[j]) for j in range(start // b, (start + n - 1) // b + 1)
+                        if (j + 1) * b - 4 < start + n and (j + 1) * b - 1 >= start)
+        return ScheduledSeq(seq.seq_id, start, tuple(seq.token_ids[start:start + n]), start + n == len(seq),
+                            seq.state_slot, seq.state_fresh, seq.restore_page, capture, seq.params)
+
+    # ---- after the runner ---------------------------------------------------------------------
+    def postprocess(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:
+        """Advance every scheduled request, append sampled tokens, finish the ones that stop."""
+        results = []
+        for item in batch.seqs:
+            seq = self.by_id.get(item.seq_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted between schedule and postprocess
+            seq.num_computed_tokens += item.num_tokens
+            token = None
+            if item.sample:
+                token = output.sampled[item.seq_id]
+                seq.append_token(token)
+            self.bm.after_step(seq)
+            done = token is not None and self._check_stop(seq, token)
+            if done:
+                self.running.remove(seq)
+                self.bm.free(seq)
+                self._released.append(seq.seq_id)
+                self._finish(seq, done)
+            results.append(StepResult(seq, token, bool(done)))
+        return results
+
+    def _check_stop(self, seq: Sequence, token: int) -> SequenceStatus | None:
+        p = seq.params
+        if not p.ignore_eos and token == self.eos_token_id:
+            return SequenceStatus.FINISHED_STOPPED
+        if token in p.stop_token_ids:
+            return SequenceStatus.FINISHED_STOPPED
+        if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len:
+            return SequenceStatus.FINISHED_LENGTH
+        return None
+
+    def finish_by_stop_string(self, seq: Sequence) -> None:
+        """The engine found a stop string in the text: end the request now."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.bm.free(seq)
+            self._released.append(seq.seq_id)
+            self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+
+    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        seq.status = status
+        self.by_id.pop(seq.seq_id, None)
+
+    def check_integrity(self) -> None:
+        self.bm.check_integrity(self.running)
+        assert all(s.status is SequenceStatus.RUNNING for s in self.running)
+        assert all(s.status is SequenceStatus.WAITING and not s.comp_blocks for s in self.waiting)
