@@ -107,12 +107,11 @@ class DeepseekV4Config:
                      "q_lora_rank", "window_size", "index_n_heads", "index_head_dim", "index_topk",
                      "hc_mult", "hc_sinkhorn_iters"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"DeepseekV4Config.{name} must be a positive int, got {value!r}")
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            self._check(ok, name, value, "must be a positive int")
         for name in ("n_hash_layers", "n_mtp_layers"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"DeepseekV4Config.{name} must be a non-negative int, got {value!r}")
+            self._check(isinstance(value, int) and value >= 0, name, value, "must be a non-negative int")
         self._check(self.n_mtp_layers <= 1, "n_mtp_layers", self.n_mtp_layers, "at most 1 MTP layer is supported")
         self._check(self.n_shared_experts == 1, "n_shared_experts", self.n_shared_experts, "must be 1")
         self._check(self.n_activated_experts <= self.n_routed_experts, "n_activated_experts",
