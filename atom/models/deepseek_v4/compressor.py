@@ -11,9 +11,10 @@ Contract for the paged engine (every piece is callable on its own):
 * ``pool(kv_rows, score_rows) -> [c]``: per-channel softmax over the rows of ``score``, weighted sum of ``kv``.
 * ``finish(pooled, i) -> [c]``: RMSNorm (own weight), RoPE at position ``i*m``, then the quantization round-trip
   when ``quant_sim`` (main: FP8 on NoPE dims; indexer: Hadamard + FP4).
-* ``extend_rows(kv, score, positions, state, entries)`` (``extend`` = ``project`` + this): write each token's rows into the ring in order and emit entry
-  ``p // m`` into ``entries`` as soon as token ``p`` completes its block.  Prefill and decode share this path, so
-  compressed entries are bit-identical however the sequence is chunked.
+* ``extend_rows(kv, score, positions, state, entries)`` (``extend`` = ``project`` + this): write each token's
+  rows into the ring in order and emit entry ``p // m`` into ``entries`` as soon as token ``p`` completes its
+  block.  Prefill and decode share this path, so given the same projected rows the compressed entries are
+  bit-identical however the sequence is chunked.
 """
 
 from __future__ import annotations
