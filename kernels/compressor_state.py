@@ -195,8 +195,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _capture_kernel(kv_ptr, score_ptr, ape_ptr, kvd_ptr, sd_ptr, table_ptr, cu_ptr, pstart_ptr, width,
-                        kv_stride, score_stride, ape_stride, kvd_s0, kvd_s1, sd_s0, sd_s1, table_stride, block_size, ratio,
-                        BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+                        kv_stride, score_stride, ape_stride, kvd_s0, kvd_s1, sd_s0, sd_s1, table_stride, block_size,
+                        ratio, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
         s = tl.program_id(0)
         start = tl.load(cu_ptr + s)
         n = tl.load(cu_ptr + s + 1) - start
@@ -268,7 +268,8 @@ def csa_boundary_capture(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tenso
     bt, bw = launch_tiles(kv.device, kv.shape[1])
     grid = (capture_table.shape[0], triton.cdiv(max_len, bt))
     _capture_kernel[grid](kv, score, ape, kv_dst, score_dst, capture_table, cu_seqlens, pos_start, kv.shape[1],
-                          kv.stride(0), score.stride(0), ape.stride(0), kv_dst.stride(0), kv_dst.stride(1), score_dst.stride(0),
+                          kv.stride(0), score.stride(0), ape.stride(0), kv_dst.stride(0), kv_dst.stride(1),
+                          score_dst.stride(0),
                           score_dst.stride(1), capture_table.stride(0), block_size, ape.shape[0],
                           BLOCK_T=bt, BLOCK_W=bw)
 

@@ -138,7 +138,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _quant_kernel(x_ptr, out_ptr, n, x_stride, out_stride, NOPE: tl.constexpr, ROPE: tl.constexpr,
-                      QBLOCK: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr, BLOCK_R: tl.constexpr, X_IS_BF16: tl.constexpr):
+                      QBLOCK: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr, BLOCK_R: tl.constexpr,
+                      X_IS_BF16: tl.constexpr):
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         rm = r < n
         xo = r.to(tl.int64) * x_stride

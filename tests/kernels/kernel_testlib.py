@@ -16,7 +16,8 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def assert_same_bits(a: torch.Tensor, b: torch.Tensor) -> None:
     assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, a.dtype, b.shape, b.dtype)
     diff = (bits(a) != bits(b))
-    assert not bool(diff.any()), f"{int(diff.sum())} of {diff.numel()} elements differ, first at {diff.nonzero()[0].tolist()}"
+    first = diff.nonzero()[0].tolist() if bool(diff.any()) else None
+    assert first is None, f"{int(diff.sum())} of {diff.numel()} elements differ, first at {first}"
 
 
 def nan_buffer(numel: int, dtype: torch.dtype) -> torch.Tensor:
