@@ -106,7 +106,7 @@ def check_range(name: str, t: torch.Tensor, lo: int, hi: int, what: str = "") ->
     """Every value of ``t`` lies in [lo, hi). Costs one device sync on a GPU (skipped under value_checks_off)."""
     if t.numel() == 0 or not _ValueChecks.enabled:
         return
-    tmin, tmax = int(t.min()), int(t.max())
+    tmin, tmax = torch.stack(torch.aminmax(t)).tolist()  # one device sync
     if tmin < lo or tmax >= hi:
         extra = f" ({what})" if what else ""
         raise ValueError(f"{name} holds values in [{tmin}, {tmax}], outside the valid range [{lo}, {hi}){extra}")
