@@ -161,3 +161,14 @@ def test_a_directory_without_weights_raises(tmp_path):
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"no \*\.safetensors files"):
         load_checkpoint(tmp_path)
+
+
+def test_the_make_tiny_checkpoint_module_runs_as_a_script(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "atom.models.deepseek_v4.make_tiny_checkpoint", str(tmp_path),
+                           "--seed", "4"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "config.json").is_file() and (tmp_path / "model.safetensors").is_file()
+    assert load_checkpoint(tmp_path).cfg == DeepseekV4Config.tiny()

@@ -114,3 +114,11 @@ def test_tiny_parameter_count_equals_the_materialised_model():
     assert counts.total_with_mtp == n
     assert counts.embedding == 512 * 64 and counts.routed_experts == 6 * 8 * 3 * 64 * 32
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_the_params_tool_prints_counts_for_a_named_config(capsys):
+    from atom.models.deepseek_v4.params import main
+
+    assert main(["tiny"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tiny: total ") and "routed_experts" in out
