@@ -79,10 +79,20 @@ def test_triton_equals_the_reference_in_bf16_within_one_ulp(gen):
     torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -7, atol=1e-3)
 
 
+def _topk_of_visible(pos, ratio, k, gen):
+    """Per token, up to k distinct visible entries (i < (pos+1)//ratio) in random order, -1 padded."""
+    out = []
+    for p in pos.tolist():
+        pick = torch.randperm((p + 1) // ratio, generator=gen)[:k].tolist()
+        out.append(pick + [-1] * (k - len(pick)))
+    return i32(out)
+
+
+@pytest.mark.parametrize("group", ["dense", "c4", "hca"])
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_paged_pipeline_equals_attention_over_contiguous_keys(backend, gen):
-    """Write K of two sequences into paged SWA and HCA rows, build indices, attend; compare with a
-    direct computation over each sequence's contiguous K (window rows + all completed entries)."""
+def test_paged_pipeline_equals_attention_over_contiguous_keys(backend, group, gen):
+    """Write K of two sequences into paged SWA and compressed rows, build indices, attend; compare with a
+    direct computation over each sequence's contiguous K (window rows + the entries the group selects)."""
     kern = load_kernels(backend)
     bs, stride, window, ratio, k_pages, chunk_rows, D, H = 8, 11, 5, 4, 2, 5, 16, 3
     lens = [21, 14]
@@ -99,16 +109,20 @@ def test_paged_pipeline_equals_attention_over_contiguous_keys(backend, gen):
     ent_idx = i32([i for n in lens for i in range(n // ratio)])
     kern.compressed_write(torch.cat(entries), comp_rows, comp_table, ent_seq, ent_idx, entries_per_block=bs // ratio,
                           pages_per_chunk=k_pages, chunk_rows=chunk_rows)
-    idx = kern.build_paged_index("hca", swa_table, seqs, pos, window=window, block_size=bs, row_stride=stride,
-                                 comp_table=comp_table, comp_width=6, ratio=ratio, pages_per_chunk=k_pages,
+    topk = _topk_of_visible(pos, ratio, 3, gen) if group == "c4" else None
+    idx = kern.build_paged_index(group, swa_table, seqs, pos, window=window, block_size=bs, row_stride=stride,
+                                 comp_table=comp_table, topk=topk, comp_width=6, ratio=ratio, pages_per_chunk=k_pages,
                                  chunk_rows=chunk_rows)
     q = torch.randn(len(pos), H, D, generator=gen)
     sink = torch.randn(H, generator=gen)
-    got = kern.sparse_attention(q, swa_rows, idx.window_idx, comp_rows, idx.comp_idx, sink, scale=0.25)
+    comp = (None, None) if group == "dense" else (comp_rows, idx.comp_idx)
+    got = kern.sparse_attention(q, swa_rows, idx.window_idx, *comp, sink, scale=0.25)
     t = 0
     for s, n in enumerate(lens):
         for p in range(n):
-            ctx = torch.cat([keys[s][max(0, p - window + 1):p + 1], entries[s][:(p + 1) // ratio]])
+            chosen = {"dense": [], "hca": list(range((p + 1) // ratio)),
+                      "c4": [i for i in (topk[t].tolist() if topk is not None else []) if i >= 0]}[group]
+            ctx = torch.cat([keys[s][max(0, p - window + 1):p + 1], entries[s][chosen]])
             logits = 0.25 * (q[t] @ ctx.T)
             m = torch.maximum(logits.max(-1).values, sink)
             e = torch.exp(logits - m[:, None])
