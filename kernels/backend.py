@@ -47,6 +47,7 @@ OPS: dict[str, tuple[str, str, str]] = {
     "build_window_index": ("paged_index", "build_window_index", "build_window_index_ref"),
     "build_comp_index": ("paged_index", "build_comp_index", "build_comp_index_ref"),
     "build_paged_index": ("paged_index", "build_paged_index", "build_paged_index_ref"),
+    "build_split_window_index": ("extend_index", "build_split_window_index", "build_split_window_index_ref"),
     "sparse_attention": ("sparse_attention", "sparse_attention", "sparse_attention_ref"),
     "fp8_ds_mla_quantize": ("fp8_ds_mla", "fp8_ds_mla_quantize", "fp8_ds_mla_quantize_ref"),
     "fp8_ds_mla_dequantize": ("fp8_ds_mla", "fp8_ds_mla_dequantize", "fp8_ds_mla_dequantize_ref"),

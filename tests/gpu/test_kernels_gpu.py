@@ -122,3 +122,18 @@ def test_fp8_ds_mla_codec_equals_the_reference(gen):
     got, ref = fp8_ds_mla_quantize(x), fp8_ds_mla_quantize_ref(x)
     assert same_bits(got, ref)
     assert same_bits(fp8_ds_mla_dequantize(got), fp8_ds_mla_dequantize(ref))
+
+
+def test_split_window_index_equals_the_reference(gen):
+    from atom.kernels.extend_index import build_split_window_index, build_split_window_index_ref
+
+    lens, starts = [1000, 3, 4096], [0, 500, 8192]
+    cu = torch.tensor([0, 1000, 1003, 5099], dtype=torch.int32, device=DEV)
+    seqs = torch.cat([torch.full((n,), s, dtype=torch.int32) for s, n in enumerate(lens)]).to(DEV)
+    pos = torch.cat([torch.arange(p, p + n, dtype=torch.int32) for p, n in zip(starts, lens)]).to(DEV)
+    tab = table(3, 128, 512, gen)
+    st = torch.tensor(starts, dtype=torch.int32, device=DEV)
+    kw = dict(window=WINDOW, block_size=BS, row_stride=ROW_STRIDE)
+    a = build_split_window_index(tab, seqs, pos, cu, st, **kw)
+    b = build_split_window_index_ref(tab, seqs, pos, cu, st, **kw)
+    assert torch.equal(a.swa_idx, b.swa_idx) and torch.equal(a.extend_idx, b.extend_idx)
