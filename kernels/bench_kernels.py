@@ -115,6 +115,17 @@ def bench_index(dev: str) -> list[dict]:
                     _time_ms(lambda: build_comp_index(comp, seq, pos, None, width=ctx // 128, ratio=128,
                                                       entries_per_block=1, pages_per_chunk=1, chunk_rows=1)),
                     n * (ctx // 128) * 8))
+    from .extend_index import build_split_window_index
+
+    lens = 8 * [1024]
+    cu = torch.arange(0, 9 * 1024, 1024, dtype=torch.int32, device=dev)
+    starts = torch.full((8,), 4096, dtype=torch.int32, device=dev)
+    pseq = torch.arange(8, dtype=torch.int32, device=dev).repeat_interleave(1024)
+    ppos = (torch.arange(8 * 1024, device=dev) % 1024 + 4096).to(torch.int32)
+    res.append(_row(f"build_split_window_index prefill {len(lens)}x1024 tok, W 128",
+                    _time_ms(lambda: build_split_window_index(swa, pseq, ppos, cu, starts, window=WINDOW,
+                                                              block_size=BS, row_stride=ROW_STRIDE)),
+                    8 * 1024 * WINDOW * 8 * 2))
     return res
 
 
