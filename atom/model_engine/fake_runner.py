@@ -2,11 +2,13 @@
 
 It is a real consumer of the scheduler's contract: it keeps the per-request page tables the way the
 model runner does (full tables when a request is admitted, then deltas, dropped on release) and
-returns a token that depends only on the request and the position, so runs are reproducible.
+returns a token that depends only on the request and the position, so runs are reproducible. With a
+:class:`KvContentModel` it also checks that every row a step reads holds what a cold run wrote.
 """
 
 from __future__ import annotations
 
+from atom.model_engine.kv_content_model import KvContentModel
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
 from atom.model_engine.unified_kv_arena import COMPRESS, SWA
 
@@ -16,8 +18,10 @@ __all__ = ["FakeRunner"]
 class FakeRunner:
     """``token = (seq_id * 7919 + position * 31) % vocab_size``, skipping ``avoid`` tokens."""
 
-    def __init__(self, vocab_size: int = 1000, avoid: tuple[int, ...] = ()) -> None:
+    def __init__(self, vocab_size: int = 1000, avoid: tuple[int, ...] = (),
+                 content: KvContentModel | None = None) -> None:
         self.vocab_size = vocab_size
+        self.content = content
         self.avoid = set(avoid)
         self.tables: dict[int, dict[str, list[int]]] = {}
         self.steps = 0
@@ -39,6 +43,8 @@ class FakeRunner:
             while len(table) <= u.index:
                 table.append(-1)
             table[u.index] = u.page
+        if self.content is not None:
+            self.content.step(batch, self.tables)
         sampled = {s.seq_id: self.token_for(s.seq_id, s.start_pos + s.num_tokens)
                    for s in batch.seqs if s.sample}
         return RunnerOutput(sampled)

@@ -1,0 +1,103 @@
+"""A symbolic model of what the KV arena holds, to prove the scheduler's tables are right.
+
+Instead of tensors, every row records a *content key*: a hash of the token prefix that produced it
+(``key(p) = hash(key(p-1), token[p])``), so a row written by any request for the same prefix holds
+the same key, and a stale or foreign row holds a different one. Each step, the model
+
+- checks every row the step's first query reads (its SWA window, the compressed blocks before it,
+  the compressor state it resumes from) holds the key a cold run of this request would have written;
+- then writes the step's rows (SWA rows, compressed rows, the ring state, CSA captures).
+
+Reads of unwritten memory show as ``None`` keys. This is what the paged engine's NaN-poisoned
+bit-exactness test proves with real numbers; here it runs in microseconds on any workload.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from atom.model_engine.outputs import ScheduledBatch, ScheduledSeq
+from atom.model_engine.unified_kv_arena import COMPRESS, SWA
+
+__all__ = ["KvContentModel", "KvContentError"]
+
+
+class KvContentError(AssertionError):
+    """A step would read a row that does not hold what a cold run computed."""
+
+
+def _chain(prev: int, token: int) -> int:
+    return hash((prev, token))
+
+
+class KvContentModel:
+    """Tracks content keys of SWA rows, compressed pages, state slots and CSA captures."""
+
+    def __init__(self, block_size: int, window: int, needs_state: bool,
+                 tokens_of: Callable[[int], list[int]]) -> None:
+        self.block_size, self.window, self.needs_state = block_size, window, needs_state
+        self.tokens_of = tokens_of
+        self.swa_rows: dict[tuple[int, int], int] = {}
+        self.comp_rows: dict[int, int] = {}  # page -> key of the block's last position
+        self.captures: dict[int, int] = {}  # SWA page -> key of the block's last position
+        self.slots: dict[int, int | None] = {}  # state slot -> key of the last position it absorbed
+        self.reads = 0
+
+    def keys(self, seq_id: int, upto: int) -> list[int]:
+        tokens = self.tokens_of(seq_id)
+        out, k = [], 0
+        for t in tokens[:upto]:
+            k = _chain(k, t)
+            out.append(k)
+        return out
+
+    def step(self, batch: ScheduledBatch, tables: dict[int, dict[str, list[int]]]) -> None:
+        for item in batch.seqs:
+            keys = self.keys(item.seq_id, item.start_pos + item.num_tokens)
+            self._check_reads(item, keys, tables[item.seq_id])
+            self._write(item, keys, tables[item.seq_id])
+
+    # ---- reads --------------------------------------------------------------------------------
+    def _expect(self, what: str, got: int | None, want: int, item: ScheduledSeq) -> None:
+        self.reads += 1
+        if got != want:
+            state = "unwritten" if got is None else "stale or foreign"
+            raise KvContentError(f"seq {item.seq_id} at {item.start_pos}: {what} is {state}")
+
+    def _check_reads(self, item: ScheduledSeq, keys: list[int], table: dict[str, list[int]]) -> None:
+        p, b = item.start_pos, self.block_size
+        for q in range(max(0, p - self.window + 1), p):
+            page = _entry(table[SWA], q // b)
+            if page < 0:
+                raise KvContentError(f"seq {item.seq_id} at {p}: window row {q} has no SWA page")
+            self._expect(f"SWA row {q}", self.swa_rows.get((page, q % b)), keys[q], item)
+        for j in range(p // b):
+            self._expect(f"compressed block {j}", self.comp_rows.get(_entry(table[COMPRESS], j)), keys[(j + 1) * b - 1], item)
+        if item.state_reset:
+            self.slots[item.state_slot] = None
+            if item.restore_page >= 0:
+                self.slots[item.state_slot] = self.captures.get(item.restore_page)
+        if p > 0 and self.needs_state:
+            self._expect("compressor state", self.slots.get(item.state_slot), keys[p - 1], item)
+
+    # ---- writes -------------------------------------------------------------------------------
+    def _write(self, item: ScheduledSeq, keys: list[int], table: dict[str, list[int]]) -> None:
+        b = self.block_size
+        for q in range(item.start_pos, item.start_pos + item.num_tokens):
+            page = _entry(table[SWA], q // b)
+            if page < 0:
+                raise KvContentError(f"seq {item.seq_id}: position {q} runs without an SWA page")
+            self.swa_rows[(page, q % b)] = keys[q]
+            if q % b == b - 1:
+                self.comp_rows[_entry(table[COMPRESS], q // b)] = keys[q]
+        self.slots[item.state_slot] = keys[-1]
+        for j, page in item.capture_pages:
+            if page < 0:
+                raise KvContentError(f"seq {item.seq_id}: capture destination of block {j} is unbacked")
+            last = (j + 1) * b - 1
+            if last < item.start_pos + item.num_tokens:
+                self.captures[page] = keys[last]
+
+
+def _entry(table: list[int], index: int) -> int:
+    return table[index] if index < len(table) else -1

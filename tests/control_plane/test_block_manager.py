@@ -1,0 +1,128 @@
+"""BlockManager and pools: exact ids, eviction order, hits bounded by window and CSA state."""
+
+import pytest
+
+from atom.model_engine.block_pool import BlockPool
+from atom.model_engine.unified_kv_arena import COMPRESS, UnifiedKvArena
+
+
+def test_a_repeated_prompt_reuses_its_full_blocks_and_recomputes_the_last_one(harness):
+    h = harness(budget=64, spec_overrides={"sliding_window": 16})
+    a = h.add(range(50), max_tokens=2)
+    h.step()
+    assert a.comp_blocks == [0, 1, 2, 3]
+    h.run()
+    b = h.add(range(50), max_tokens=2)
+    h.step()
+    assert b.num_cached_tokens == 48 and b.stats.reused == 48
+    # blocks 0-2 are the cached ones; 3 was A's unpublished partial block, freed and reused
+    assert b.comp_blocks == [0, 1, 2, 3] and h.bm.comp.num_evictions == 0
+    h.run()
+
+
+def test_vacant_ids_are_used_before_any_cached_block_is_evicted(harness):
+    h = harness(spec_overrides={"sliding_window": 16})
+    h.add(range(40), max_tokens=1)
+    h.run()
+    cached = h.bm.comp.num_cached()
+    assert cached == 2  # blocks 0 and 1 were full and published
+    c = h.add(range(500, 540), max_tokens=1)
+    h.step()
+    assert set(c.comp_blocks).isdisjoint({0, 1}) and h.bm.comp.num_cached() == cached
+    assert h.bm.comp.num_evictions == 0
+
+
+
+def small_pool(num_chunks: int) -> BlockPool:
+    from atom.config import Dsv4KvSpec
+    from atom.model_engine.kv_layout import plan_kv_layout
+    spec = Dsv4KvSpec(compress_ratios=(0, 4, 16), sliding_window=8, head_dim=32, rope_head_dim=8,
+                      index_head_dim=16, row_format="fp32")
+    probe = plan_kv_layout(spec, 1 << 26, 1, 16)
+    lay = plan_kv_layout(spec, probe.state_pool_bytes + num_chunks * probe.chunk_bytes, 1, 16)
+    arena = UnifiedKvArena(lay)
+    return BlockPool(COMPRESS, arena, lay.max_compressed_pages)
+
+
+def test_cached_blocks_are_evicted_least_recently_released_first_preferring_emptier_chunks():
+    pool = small_pool(3)
+    k = pool.arena.pages_per_chunk(COMPRESS)
+    ids = pool.allocate(2 * k)  # fills chunks 0 and 1
+    for i, bid in enumerate(ids):
+        assert pool.publish(bid, 1000 + i, (i,))
+    for bid in ids[:k]:
+        pool.release(bid)  # chunk 0 fully cached, released first (oldest)
+    pool.release(ids[k])  # one cached block in chunk 1 (others still used)
+    assert pool.evict_lru() and pool.num_evictions == 1
+    assert not pool.is_cached(ids[0]) and pool.blocks[ids[0]].ref_count == 0
+    # reclaiming a chunk takes the chunk whose used pages are all cached: chunk 0, not chunk 1
+    assert pool.reclaim_chunk()
+    assert all(not pool.is_cached(b) for b in ids[:k]) and pool.is_cached(ids[k])
+    assert pool.arena.num_free_chunks() == 2
+    pool.check_integrity()
+
+
+def test_evicted_ids_are_clean_and_the_whole_capacity_can_be_drained_after_eviction():
+    pool = small_pool(2)
+    n = pool.num_ids
+    ids = pool.allocate(n)
+    for i, bid in enumerate(ids):
+        pool.publish(bid, i, (i,))
+    for bid in ids:
+        pool.release(bid)
+    while pool.evict_lru():
+        pass
+    assert all(b.ref_count == 0 and b.block_hash is None for b in pool.blocks)
+    again = pool.allocate(n)  # every id, the evicted ones included
+    assert sorted(again) == list(range(n))
+    pool.check_integrity({bid: 1 for bid in again})
+
+
+@pytest.mark.parametrize("full_retain,expect_hit", [(False, 992), (True, 992)])
+def test_a_1000_token_prompt_repeated_hits_only_fully_written_swa_blocks(harness, full_retain, expect_hit):
+    h = harness(num_chunks=200, budget=256, max_model_len=2048, full_retain=full_retain,
+                spec_overrides={"sliding_window": 16})
+    prompt = [(7 * i) % 997 for i in range(1000)]
+    h.add(prompt, max_tokens=1)
+    h.run()
+    b = h.add(prompt, max_tokens=3)
+    h.run()  # the content model raises on any read of an unwritten or stale row
+    assert b.stats.reused == expect_hit
+    assert h.runner.content.reads > 300
+
+
+def test_a_hit_at_a_boundary_whose_csa_state_was_never_captured_is_refused(harness):
+    h = harness(spec_overrides={"sliding_window": 16})
+    prompt = list(range(70))
+    h.add(prompt, max_tokens=1)
+    h.run()
+    probe = h.add(prompt, max_tokens=1)
+    match = h.bm.match_prefix(probe)
+    assert match.blocks == 4
+    tail = h.bm.swa.pool.lookup(probe.block_hashes[3], probe.block_tokens(3))
+    h.bm.swa.pool.blocks[tail].state_captured = False
+    match = h.bm.match_prefix(probe)
+    assert (match.window_bound, match.blocks) == (4, 0)
+    h.run()
+    assert probe.stats.lost_to_csa_state == 64 and probe.stats.reused == 0
+
+
+def test_capture_destinations_are_the_blocks_own_backed_pages_and_restores_only_follow_hits(harness):
+    h = harness(budget=20, spec_overrides={"sliding_window": 16})
+    prompt = list(range(45))
+    h.add(prompt, max_tokens=6)
+    h.add(prompt, max_tokens=6)
+    captures = restores = 0
+    while h.sched.has_unfinished():
+        batch = h.sched.schedule()
+        for item in batch.seqs:
+            seq = h.sched.by_id[item.seq_id]
+            for j, page in item.capture_pages:
+                assert page >= 0 and page == seq.swa_pages[j]
+                captures += 1
+            if item.restore_page >= 0:
+                restores += 1
+                assert item.state_reset and seq.num_cached_tokens > 0
+        h.sched.postprocess(batch, h.runner.execute(batch))
+        h.sched.check_integrity()
+    assert captures >= 4 and restores == 1

@@ -1,0 +1,77 @@
+"""ATOM_SWA_FULL_RETAIN / ATOM_SWA_RETENTION_INTERVAL: one test per documented rule (docs/prefix_cache.md)."""
+
+import pytest
+
+from atom.config import CacheConfig
+
+SHARED = list(range(100, 164))  # 4 blocks of 16
+
+
+def run_one(h, tokens, max_tokens=1):
+    seq = h.add(tokens, max_tokens=max_tokens)
+    h.run()
+    return seq
+
+
+def test_default_mode_frees_swa_blocks_that_leave_the_window_so_no_mid_sequence_hit(harness):
+    h = harness(budget=200)
+    run_one(h, SHARED + list(range(300, 400)))
+    # blocks 0-8 left the window during the run and were freed; only block 9, held at the end, is cached
+    assert h.bm.swa.pool.num_cached() == 1
+    later = run_one(h, SHARED + [1, 2, 3])
+    assert later.stats.reused == 0 and later.stats.lost_to_swa_window == 64
+
+
+def test_default_mode_keeps_the_tail_a_finished_request_still_held(harness):
+    h = harness(budget=200, spec_overrides={"sliding_window": 16})
+    first = run_one(h, SHARED + [9], max_tokens=1)  # computed 65 tokens: block 3 was in the window at the end
+    turn2 = run_one(h, first.token_ids + [5, 6, 7])
+    assert turn2.stats.reused == 64
+
+
+def test_full_retain_keeps_published_blocks_after_they_leave_the_window(harness):
+    h = harness(budget=200, full_retain=True)
+    run_one(h, SHARED + list(range(300, 400)))
+    assert h.bm.swa.pool.num_cached() >= 6
+    later = run_one(h, SHARED + [1, 2, 3])
+    assert later.stats.reused == 64
+
+
+def test_retention_interval_pins_checkpoints_that_survive_pressure(harness):
+    h = harness(num_chunks=24, budget=64, full_retain=True, interval=64, pin_fraction=0.5)
+    run_one(h, SHARED + list(range(300, 340)))
+    # checkpoints: the block ending at token 64 (block 3) and the prompt-boundary block (block 5)
+    pins = set(h.bm.swa.pinned_ids())
+    assert len(pins) == 2
+    for i in range(8):  # unrelated requests fill the arena; each adds one prompt-boundary pin
+        run_one(h, [(991 * j + 17 * i) % 997 for j in range(47)], max_tokens=4)
+    assert h.bm.swa.pool.num_evictions > 0  # unpinned cached SWA blocks were evicted
+    assert pins <= set(h.bm.swa.pinned_ids())
+    later = run_one(h, SHARED + [1, 2, 3])
+    assert later.stats.reused == 64
+
+
+def test_pins_are_capped_and_the_least_recently_used_pin_is_released(harness):
+    h = harness(num_chunks=40, budget=256, full_retain=True, interval=16, pin_fraction=0.1)
+    cap = h.bm.swa.max_pins
+    assert cap == 4
+    run_one(h, list(range(200)))
+    assert h.bm.swa.num_pins == cap
+    newest = h.bm.swa.pinned_ids()
+    run_one(h, list(range(500, 540)))
+    assert h.bm.swa.num_pins == cap and h.bm.swa.pinned_ids()[:2] == newest[2:]
+
+
+def test_a_pin_is_released_when_its_compressed_prefix_is_evicted(harness):
+    h = harness(full_retain=True, interval=16)
+    seq = run_one(h, SHARED + [1])
+    assert h.bm.swa.num_pins == 4
+    h.bm.comp.evict(h.bm.comp.lookup(seq.block_hashes[3], seq.block_tokens(3)))
+    assert h.bm.swa.num_pins == 3
+
+
+def test_a_retention_interval_needs_full_retain_and_a_whole_number_of_blocks(harness):
+    with pytest.raises(ValueError, match="needs swa_full_retain"):
+        CacheConfig(kv_cache_bytes=1 << 24, max_model_len=64, max_num_seqs=1, swa_retention_interval=32)
+    with pytest.raises(ValueError, match="multiple of the block size 16"):
+        harness(full_retain=True, interval=24)

@@ -1,0 +1,77 @@
+"""A tiny real control plane (arena, block manager, scheduler) driven by a content-checking fake runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
+from atom.model_engine.block_manager import BlockManager
+from atom.model_engine.fake_runner import FakeRunner
+from atom.model_engine.kv_content_model import KvContentModel
+from atom.model_engine.kv_layout import plan_kv_layout
+from atom.model_engine.scheduler import Scheduler
+from atom.model_engine.sequence import Sequence
+from atom.sampling_params import SamplingParams
+
+TINY = dict(compress_ratios=(0, 4, 16, 4, 16, 4, 0), sliding_window=8, head_dim=32, rope_head_dim=8,
+            index_head_dim=16, row_format="fp32", num_mtp_layers=1)
+
+
+@dataclass
+class Harness:
+    """A scheduler over a tiny arena with a content-checking fake runner."""
+
+    sched: Scheduler
+    runner: FakeRunner
+
+    @property
+    def bm(self) -> BlockManager:
+        return self.sched.bm
+
+    def add(self, tokens, max_tokens=4, seq_id=None, **params) -> Sequence:
+        seq = Sequence(list(tokens), SamplingParams(max_tokens=max_tokens, **params), self.bm.block_size, seq_id=seq_id)
+        self.sched.add(seq)
+        return seq
+
+    def step(self):
+        batch = self.sched.schedule()
+        out = self.runner.execute(batch)
+        results = self.sched.postprocess(batch, out)
+        self.sched.check_integrity()
+        return batch, results
+
+    def run(self, max_steps=10_000):
+        steps = 0
+        while self.sched.has_unfinished():
+            self.step()
+            steps += 1
+            assert steps < max_steps, "scheduler made no progress"
+        return steps
+
+    def assert_all_memory_returned(self):
+        """No request holds anything; after dropping the cache only retention pins hold pages."""
+        bm = self.bm
+        assert not self.sched.running and not self.sched.waiting
+        assert bm.comp.num_used() == 0 and bm.swa.pool.num_used() == bm.swa.num_pins
+        assert bm.slots.num_free() == bm.slots.num_slots
+        bm.reset_prefix_cache()
+        assert bm.arena.owned_chunks("compress") == 0
+        assert bm.arena.num_used("swa") == bm.swa.num_pins
+        bm.check_integrity([])
+
+
+def make_harness(num_chunks=40, chunk_pages=1, max_seqs=4, budget=32, max_model_len=512, full_retain=False,
+                 interval=0, pin_fraction=0.25, prefix_caching=True, spec_overrides=None) -> Harness:
+    spec = Dsv4KvSpec(**{**TINY, **(spec_overrides or {})})
+    probe = plan_kv_layout(spec, 1 << 30, max_seqs, max_model_len, chunk_pages=chunk_pages)
+    kv_bytes = probe.state_pool_bytes + num_chunks * probe.chunk_bytes
+    layout = plan_kv_layout(spec, kv_bytes, max_seqs, max_model_len, chunk_pages=chunk_pages)
+    cache = CacheConfig(kv_cache_bytes=kv_bytes, max_model_len=max_model_len, max_num_seqs=max_seqs,
+                        enable_prefix_caching=prefix_caching, swa_full_retain=full_retain,
+                        swa_retention_interval=interval, swa_pin_fraction=pin_fraction)
+    bm = BlockManager(layout, cache)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs,
+                                      max_model_len=max_model_len), bm, eos_token_id=None)
+    content = KvContentModel(spec.block_size, spec.sliding_window, bool(spec.csa_layers),
+                             lambda sid: sched.by_id[sid].token_ids)
+    return Harness(sched, FakeRunner(vocab_size=997, content=content))
