@@ -13,7 +13,9 @@ compressor-state slots. Per request it
 Making room (``_make_room``): for an owner that is short of pages, first evict its own least
 recently used cached block (chunk-aware); if it has none, reclaim a whole chunk from the other
 owner's cache; if neither is possible, raise :class:`ArenaEmpty` (the scheduler preempts or waits).
-Nothing is evicted unless it helps: a chunk is reclaimed only when every used page of it is cached.
+Nothing is evicted unless it helps: a chunk is reclaimed only when every used page of it is cached,
+and only from an arena that lends between owners. (``arena`` may be injected: the trace simulator
+runs the same block manager over a fixed split or an ATOM-style arena to compare them.)
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class PrefixCounters:
 class BlockManager:
     """Prefix cache + block tables of all requests. Pure Python; the runner never calls it."""
 
-    def __init__(self, layout: KvLayout, cache: CacheConfig) -> None:
+    def __init__(self, layout: KvLayout, cache: CacheConfig, arena: UnifiedKvArena | None = None) -> None:
         spec = layout.spec
         self.block_size = spec.block_size
         if cache.swa_retention_interval % self.block_size:
@@ -65,7 +67,7 @@ class BlockManager:
                              f"of the block size {self.block_size}")
         self.has_compressed = bool(spec.compressed_layers)
         self.prefix_caching = cache.enable_prefix_caching
-        self.arena = UnifiedKvArena(layout)
+        self.arena = UnifiedKvArena(layout) if arena is None else arena
         self.comp = BlockPool(COMPRESS, self.arena, layout.max_compressed_pages if self.has_compressed else 0)
         self.swa = SlidingWindowPool(self.arena, spec.sliding_window, cache.swa_full_retain,
                                      cache.swa_retention_interval,
@@ -158,7 +160,8 @@ class BlockManager:
             short = [o for o, n in ((SWA, swa), (COMPRESS, comp)) if self.arena.chunks_needed(**{o: n}) > 0]
             if any(pools[o].evict_lru() for o in short):
                 continue
-            if not any(pool.reclaim_chunk() for pool in pools.values()):
+            lenders = pools.values() if self.arena.lends_between_owners else ()
+            if not any(pool.reclaim_chunk() for pool in lenders):
                 raise ArenaEmpty(f"no room for {swa} SWA + {comp} compressed pages and nothing evictable")
 
     # ---- after a step -------------------------------------------------------------------------

@@ -84,6 +84,12 @@ class UnifiedKvArena:
     def chunk_of(self, owner: str, page: int) -> int:
         return page // self._lists[owner].pages_per_chunk
 
+    @property
+    def lends_between_owners(self) -> bool:
+        """Whether a chunk one owner frees can be borrowed by the other (True: one shared arena).
+        Pools use it to avoid evicting one owner's cache for a shortfall it cannot relieve."""
+        return True
+
     # ---- allocation ---------------------------------------------------------------------------
     def alloc(self, swa: Sequence[int] = (), compress: Sequence[int] = ()) -> dict[str, list[int]]:
         """Give every listed logical id of each owner a page, all or nothing.

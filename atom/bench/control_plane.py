@@ -1,0 +1,90 @@
+"""Control-plane speed: scheduler + block-manager time per decode step, against context length.
+
+    python -m atom.bench.control_plane [--seqs 1 64 256] [--contexts 4096 32768 131072] [--steps 64]
+
+Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
+allocates no tensors), a fake runner. Each configuration first prefills its requests to the given
+context, then times ``schedule()`` + ``postprocess()`` over ``--steps`` decode steps (the runner's
+own time is excluded). The last line is ``step_us_per_seq_256=<float> growth_4k_to_128k=<float>``:
+microseconds per step per sequence with 256 sequences at the largest context, and the ratio of the
+per-step time at the largest context to the smallest one with 256 sequences (target <= 1.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Sequence as Seq
+
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
+from atom.model_engine.block_manager import BlockManager
+from atom.model_engine.fake_runner import FakeRunner
+from atom.model_engine.kv_layout import plan_kv_layout
+from atom.model_engine.scheduler import Scheduler
+from atom.model_engine.sequence import Sequence
+from atom.sampling_params import SamplingParams
+
+
+def build(num_seqs: int, context: int, steps: int) -> tuple[Scheduler, FakeRunner]:
+    spec = Dsv4KvSpec.from_hf_config(load_hf_config(preset_path("deepseek_v4_flash")))
+    max_new = num_seqs + steps + 8  # requests decode while the later ones are still being prefilled
+    max_len = context + max_new
+    probe = plan_kv_layout(spec, 1 << 50, num_seqs, max_len)
+    comp_pages = num_seqs * (-(-max_len // spec.block_size))
+    swa_pages = num_seqs * (spec.tail_blocks + 2) + -(-(context + num_seqs) // spec.block_size) + 2
+    chunks = -(-comp_pages // probe.compress_pages_per_chunk) + -(-swa_pages // probe.chunk_pages) + 2
+    kv_bytes = probe.state_pool_bytes + chunks * probe.chunk_bytes
+    layout = plan_kv_layout(spec, kv_bytes, num_seqs, max_len)
+    cache = CacheConfig(kv_cache_bytes=kv_bytes, max_model_len=max_len, max_num_seqs=num_seqs)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=context + num_seqs, max_num_seqs=num_seqs,
+                                      max_model_len=max_len), BlockManager(layout, cache), eos_token_id=None)
+    for i in range(num_seqs):
+        tokens = [(i * 7919 + j * 31) % 256 for j in range(context)]  # small ints: no per-token objects
+        sched.add(Sequence(tokens, SamplingParams(max_tokens=max_new, ignore_eos=True), spec.block_size))
+    return sched, FakeRunner(vocab_size=256)
+
+
+def time_decode(num_seqs: int, context: int, steps: int) -> float:
+    """Mean microseconds of schedule + postprocess per decode step."""
+    sched, runner = build(num_seqs, context, steps)
+    while any(s.in_prefill for s in sched.running) or sched.waiting:
+        batch = sched.schedule()
+        sched.postprocess(batch, runner.execute(batch))
+    total = 0.0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        batch = sched.schedule()
+        t1 = time.perf_counter()
+        out = runner.execute(batch)
+        t2 = time.perf_counter()
+        sched.postprocess(batch, out)
+        total += (t1 - t0) + (time.perf_counter() - t2)
+        assert len(batch.seqs) == num_seqs and batch.num_tokens == num_seqs
+    return total / steps * 1e6
+
+
+def main(argv: Seq[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m atom.bench.control_plane", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seqs", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
+    ap.add_argument("--steps", type=int, default=64)
+    args = ap.parse_args(argv)
+    if min(args.seqs) < 1 or min(args.contexts) < 1 or args.steps < 1:
+        ap.error("--seqs, --contexts and --steps must be positive")
+    print("| running seqs | context | us per step | us per step per seq |")
+    print("|---|---|---|---|")
+    results = {}
+    for n in args.seqs:
+        for ctx in args.contexts:
+            us = time_decode(n, ctx, args.steps)
+            results[(n, ctx)] = us
+            print(f"| {n} | {ctx} | {us:.1f} | {us / n:.2f} |", flush=True)
+    n = max(args.seqs)
+    lo, hi = min(args.contexts), max(args.contexts)
+    print(f"step_us_per_seq_{n}={results[(n, hi)] / n:.3f} growth_{lo // 1024}k_to_{hi // 1024}k="
+          f"{results[(n, hi)] / results[(n, lo)]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
