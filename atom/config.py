@@ -23,6 +23,7 @@ __all__ = [
     "Dsv4KvSpec",
     "CacheConfig",
     "SchedulerConfig",
+    "EngineConfig",
     "load_hf_config",
     "preset_path",
 ]
@@ -284,3 +285,44 @@ class SchedulerConfig:
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _require_int("max_num_seqs", self.max_num_seqs, 1)
         _require_int("max_model_len", self.max_model_len, 1)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything ``atom serve`` / ``LLMEngine.from_config`` needs; the only config the CLI builds.
+
+    ``model`` is a checkpoint directory (``config.json`` + safetensors + ``tokenizer.json``) or None
+    for the built-in tiny DeepSeek-V4 model. ``kv_cache_memory`` is the byte budget of the KV arena
+    plus the live compressor-state pool. ``block_size`` 0 means the model's own (lcm of its ratios).
+    Retention settings come from the environment (see :class:`CacheConfig`).
+    """
+
+    model: str | None = None
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_cache_memory: int = 1 << 30
+    block_size: int = 0
+    enable_prefix_caching: bool = True
+    served_model_name: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require_int("max_model_len", self.max_model_len, 2)
+        _require_int("max_num_seqs", self.max_num_seqs, 1)
+        _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _require_int("kv_cache_memory", self.kv_cache_memory, 1)
+        _require_int("block_size", self.block_size, 0)
+        _require_int("seed", self.seed, 0)
+        if self.model is not None and not str(self.model).strip():
+            raise ValueError("model must be a checkpoint directory or None (the built-in tiny model)")
+
+    @property
+    def scheduler(self) -> SchedulerConfig:
+        return SchedulerConfig(max_num_batched_tokens=self.max_num_batched_tokens,
+                               max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len)
+
+    def cache(self, env: AtomEnv) -> CacheConfig:
+        return CacheConfig.from_env(env, kv_cache_bytes=self.kv_cache_memory, max_model_len=self.max_model_len,
+                                    max_num_seqs=self.max_num_seqs,
+                                    enable_prefix_caching=self.enable_prefix_caching)

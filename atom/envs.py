@@ -106,6 +106,11 @@ REGISTRY: dict[str, EnvVar] = {
             _choice("auto", "torch", "triton", "aiter"),
         ),
         EnvVar(
+            "ATOM_CACHE_DIR", "cache_dir", "",
+            "path: where the built-in tiny model is written on first use (default: ~/.cache/atom).",
+            lambda name, raw: raw.strip(),
+        ),
+        EnvVar(
             "ATOM_DEBUG_NAN_ARENA", "debug_nan_arena", False,
             "bool: fill the KV arena with NaN at start-up so any read of unwritten memory shows.",
             _parse_bool,
@@ -122,6 +127,7 @@ class AtomEnv:
     swa_retention_interval: int = 0
     swa_pin_fraction: float = 0.25
     kernel_backend: str = "auto"
+    cache_dir: str = ""
     debug_nan_arena: bool = False
 
 
