@@ -6,6 +6,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.dirname(__file__))  # for dsv4_testlib
 
@@ -24,3 +25,13 @@ def bi_model() -> DeepseekV4Model:
 def model() -> DeepseekV4Model:
     """Tiny model in the default (batched linears) mode."""
     return build(DeepseekV4Config.tiny())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The tiny model is launch-bound: one intra-op thread is faster and immune to OpenMP spin-waits when other
+    processes share the 2 cores.  Restored after each module so other test directories are unaffected."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
