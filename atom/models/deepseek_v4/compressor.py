@@ -3,7 +3,8 @@
 Contract for the paged engine (every piece is callable on its own):
 
 * ``project(x, positions) -> (kv, score)``: fp32 ``[T, coff*c]`` raw rows per token; ``score`` already includes
-  ``ape[pos % m]``.  ``coff`` = 2 on CSA (overlap), 1 on HCA.  These are exactly the rows of the compressor state.
+  ``ape[pos % m]`` (``project_raw(x)`` gives it without).  ``coff`` = 2 on CSA (overlap), 1 on HCA.  These are
+  exactly the rows of the compressor state.
 * State ring: CSA ``[8, 2c]`` indexed by ``pos % 8``; HCA ``[m, c]`` indexed by ``pos % m`` (kv and score rings).
 * ``block_rows(state, i) -> (kv, score)``: the rows pooled into entry ``i`` read from the ring.  CSA: ``[8, c]`` =
   the "b" half (``[:c]``) of block ``i-1`` (tokens 4i-4..4i-1) then the "a" half (``[c:]``) of block ``i``; block
@@ -50,12 +51,17 @@ class Compressor(nn.Module):
     def ring_size(self) -> int:
         return 2 * self.ratio if self.overlap else self.ratio
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 state rows ``(kv, score + ape[pos % m])`` for tokens ``x: [T, dim]`` at ``positions: [T]``."""
+    def project_raw(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 ``(kv, score)`` before the positional bias (for kernels that add ``ape`` themselves)."""
         xf = x.float()
-        kv = F.linear(xf, self.wkv.weight.float())
-        score = F.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
-        return kv, score
+        return F.linear(xf, self.wkv.weight.float()), F.linear(xf, self.wgate.weight.float())
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 state rows ``(kv, score + ape[pos % m])`` for tokens ``x: [T, dim]`` at ``positions: [T]``.
+
+        ``score + ape`` is one fp32 add, so a kernel adding ``ape`` to ``project_raw``'s score is bit-identical."""
+        kv, score = self.project_raw(x)
+        return kv, score + self.ape[positions % self.ratio]
 
     def block_rows(self, state: CompressorState, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``(kv, score)`` rows pooled into entry ``i``, read from the state ring (see module docstring)."""
