@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from dsv4_testlib import SEQ, run_chunks, state_equal, tokens
 
 from atom.models.deepseek_v4.cache import cache_tensors
@@ -55,6 +57,17 @@ def test_chunks_straddling_window_and_block_boundaries_equal_one_prefill(bi_mode
     toks = tokens()
     full, full_cache = run_chunks(bi_model, toks, [SEQ])
     chunked, cache = run_chunks(bi_model, toks, sizes)
+    assert torch.equal(chunked, full)
+    assert state_equal(cache, full_cache, bi_model)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cuts=st.lists(st.integers(1, SEQ - 1), min_size=1, max_size=5, unique=True))
+def test_any_random_split_into_chunks_equals_one_prefill(bi_model, cuts):
+    bounds = [0] + sorted(cuts) + [SEQ]
+    toks = tokens()
+    full, full_cache = run_chunks(bi_model, toks, [SEQ])
+    chunked, cache = run_chunks(bi_model, toks, [b - a for a, b in zip(bounds, bounds[1:])])
     assert torch.equal(chunked, full)
     assert state_equal(cache, full_cache, bi_model)
 
