@@ -39,3 +39,16 @@ def test_ratio_128_model_compresses_whole_blocks_and_chunks_exactly():
     assert torch.equal(chunked, full)
     assert cache.layers[2].entries.shape == (2, cfg.head_dim)
     assert torch.isfinite(cache.layers[2].entries).all()
+
+
+def test_release_head_geometry_runs_with_release_quant_blocks():
+    """head_dim 512 / rope 64 / indexer 128: FP8 blocks of 64 on the 448 NoPE dims, FP4 blocks of 32."""
+    cfg = DeepseekV4Config.tiny(batch_invariant=True, quant_sim=True, head_dim=512, rope_head_dim=64,
+                                index_head_dim=128, n_heads=2, o_groups=2, o_lora_rank=16)
+    assert (cfg.nope_dim, cfg.fp8_block, cfg.fp4_block) == (448, 64, 32)
+    model = build(cfg, seed=4)
+    toks = tokens(13, seed=7)
+    full, cache = run_chunks(model, toks, [13])
+    assert torch.equal(run_chunks(model, toks, [1])[0], full)
+    assert torch.isfinite(full).all()
+    assert cache.layers[1].entries.shape[1] == 512 and cache.layers[1].index_keys.shape[1] == 128
