@@ -6,8 +6,8 @@ the official ``ModelArgs`` name accepted as a fallback for every key) or from th
 by tests and by the server's default model.
 
 Two fields are runtime numerics options rather than architecture: ``quant_sim`` (simulate the FP8 / FP4
-round-trips of the released model on activations) and ``batch_invariant`` (compute every linear row by row so a
-token's result does not depend on how many tokens share the call; makes prefill-then-decode bit-exact).
+round-trips of the released model on activations) and ``batch_invariant`` (run every token-local op one token at
+a time so a token's result does not depend on how many tokens share the call; makes prefill-then-decode bit-exact).
 """
 
 from __future__ import annotations
