@@ -1,0 +1,137 @@
+"""Command-line flags of ``atom serve`` and their translation into an :class:`EngineConfig`.
+
+The flags follow ``vllm serve``. The CLI builds exactly one thing from them, an ``EngineConfig``
+(STYLE rule 5), plus the network settings of the server itself (:class:`ServerArgs`). Bad values
+fail at parse time with a message naming the flag; ``EngineConfig`` checks the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from atom.config import EngineConfig
+
+__all__ = ["parse_bytes", "add_serve_arguments", "engine_config_from_args", "ServerArgs", "server_args_from"]
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"1073741824"``, ``"2GiB"``, ``"512MiB"``, ``"1.5GB"`` -> bytes (an integer > 0).
+
+    Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB, MB, GB, TB) of 1000.
+    Raises ``ValueError`` listing the accepted forms.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a size; use bytes (1073741824) or a number with a unit: "
+                         "KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000)")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"{text!r} must be more than 0 bytes")
+    return value
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _nonneg_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0..65535; 0 picks a free one)")
+    return value
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``atom serve`` flags to ``parser``."""
+    d = EngineConfig()
+    parser.add_argument("model", nargs="?", default=None, metavar="MODEL_DIR",
+                        help="checkpoint directory (config.json, safetensors, tokenizer.json); "
+                             "omit it to serve the built-in tiny DeepSeek-V4 model")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=_port, default=8000, help="port (default: %(default)s; 0 = any free port)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1/* (default: no key)")
+    parser.add_argument("--max-model-len", type=_positive_int, default=d.max_model_len,
+                        help="longest prompt + output in tokens (default: %(default)s)")
+    parser.add_argument("--max-num-seqs", type=_positive_int, default=d.max_num_seqs,
+                        help="most requests running at once (default: %(default)s)")
+    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=d.max_num_batched_tokens,
+                        help="token budget of one engine step (default: %(default)s)")
+    parser.add_argument("--kv-cache-memory", type=_size_arg, default=d.kv_cache_memory, metavar="SIZE",
+                        help="bytes for the KV arena, e.g. 2GiB or 512MiB (default: 1GiB)")
+    parser.add_argument("--block-size", type=_nonneg_int, default=d.block_size,
+                        help="tokens per KV block; 0 = the model's own (default: %(default)s)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=d.enable_prefix_caching, help="reuse KV of shared prompt prefixes (default: on)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="model name clients must send (default: the model directory's name)")
+    parser.add_argument("--seed", type=_nonneg_int, default=d.seed, help="engine seed (default: %(default)s)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                        help="server log level (default: %(default)s)")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The one config the CLI builds. Raises ``ValueError`` (from EngineConfig) on bad combinations."""
+    return EngineConfig(model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
+                        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
+                        served_model_name=args.served_model_name, seed=args.seed)
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Network settings of the HTTP server (not part of the engine's config)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ValueError("host must not be empty (e.g. 127.0.0.1, or 0.0.0.0 for every interface)")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port={self.port} must be in 0..65535")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be blank; omit --api-key to serve without one")
+
+    @property
+    def display_host(self) -> str:
+        try:
+            return f"[{self.host}]" if ipaddress.ip_address(self.host).version == 6 else self.host
+        except ValueError:
+            return self.host
+
+
+def server_args_from(args: argparse.Namespace) -> ServerArgs:
+    return ServerArgs(host=args.host, port=args.port, api_key=args.api_key, log_level=args.log_level)

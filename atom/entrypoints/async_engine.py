@@ -1,0 +1,270 @@
+"""The engine's background loop: continuous batching in one thread, fed by the asyncio server.
+
+``LLMEngine`` is single-threaded, so exactly one thread (started by :meth:`AsyncEngine.start`)
+touches it. Everything else talks to that thread through a command queue::
+
+    event loop (routes)                         engine thread
+    -------------------                         -------------
+    generate() --("add", rid, ids, params)-->   add_request()  --accepted/ValueError--> future
+               <--outputs via call_soon_threadsafe--  step() while work exists
+    abort()    --("abort", rid)------------->   abort_request()
+    call(fn)   --("call", fn)--------------->   fn(engine)     --result/exception---> future
+
+The thread steps while any request is unfinished and otherwise sleeps on a condition variable
+until a command arrives. When the engine goes idle it runs ``check_integrity()`` (the invariant
+check of STYLE rule 12); a failure there, or an exception from ``step()``, fails the requests in
+flight with an internal error, aborts them in the engine and marks the server unhealthy
+(``/health`` answers 503) -- it never silently continues with a corrupt arena.
+
+Contract of :meth:`AsyncEngine.generate`: it raises ``ValueError`` (before yielding anything) when
+the engine rejects the request, then yields each :class:`RequestOutput` of that request in order;
+the last has ``finished=True``. Leaving the iterator early (client gone, task cancelled) aborts the
+request, so its KV memory goes back to the arena.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import traceback
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+
+from atom.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from atom.model_engine.llm_engine import LLMEngine, RequestOutput
+
+__all__ = ["AsyncEngine", "RequestGroup", "EngineDeadError"]
+
+log = logging.getLogger("atom.server")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread failed; requests in flight get this and the server reports unhealthy."""
+
+
+class RequestGroup:
+    """The requests of one HTTP call (its ``n`` choices, its prompts): one queue, one abort.
+
+    Created by :meth:`AsyncEngine.group` on the event loop. :meth:`add` each request (raises
+    ``ValueError`` if the engine rejects it), then iterate :meth:`outputs`: it yields every
+    output of every added request, in engine order, until all have finished. Leaving the
+    iteration early, or calling :meth:`abort`, aborts whatever has not finished.
+    """
+
+    def __init__(self, engine: "AsyncEngine", loop: asyncio.AbstractEventLoop) -> None:
+        self._engine = engine
+        self._loop = loop
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.unfinished: set[str] = set()
+
+    def put(self, item: Any) -> None:
+        """Thread-safe: called from the engine thread with an output or an exception."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> None:
+        if self._engine.dead_reason is not None:
+            raise EngineDeadError(self._engine.dead_reason)
+        accepted: asyncio.Future[None] = self._loop.create_future()
+        self.unfinished.add(request_id)
+        self._engine._send("add", request_id, prompt_ids, params, self, accepted)
+        try:
+            await accepted  # raises ValueError if the engine rejects the request
+        except asyncio.CancelledError:
+            self._engine.abort(request_id)
+            raise
+        except BaseException:
+            self.unfinished.discard(request_id)
+            raise
+
+    async def outputs(self) -> AsyncIterator["RequestOutput"]:
+        try:
+            while self.unfinished:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    self.unfinished.discard(item.request_id)
+                yield item
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Abort every request of the group that has not finished (no-op when none)."""
+        for rid in self.unfinished:
+            self._engine.abort(rid)
+        self.unfinished.clear()
+
+
+class AsyncEngine:
+    """Owns the engine thread; the only way the server reaches ``LLMEngine``."""
+
+    def __init__(self, engine: "LLMEngine", *, integrity_check_when_idle: bool = True) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = engine.model_name
+        self.max_model_len = engine.max_model_len
+        self._check_when_idle = integrity_check_when_idle
+        self._commands: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._wake = threading.Condition()
+        self._streams: dict[str, RequestGroup] = {}  # engine thread only
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.dead_reason: str | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        assert self._thread is None, "AsyncEngine.start() called twice"
+        self._thread = threading.Thread(target=self._run, name="atom-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the thread after its current step; unfinished requests are aborted."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def healthy(self) -> bool:
+        return self.dead_reason is None and self._thread is not None and self._thread.is_alive()
+
+    # ---- event-loop side ----------------------------------------------------------------------
+    def _send(self, *command: Any) -> None:
+        with self._wake:
+            self._commands.append(command)
+            self._wake.notify()
+
+    def group(self) -> RequestGroup:
+        """A new :class:`RequestGroup` bound to the running event loop."""
+        return RequestGroup(self, asyncio.get_running_loop())
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator["RequestOutput"]:
+        """One request: raises ``ValueError`` if rejected, then yields its outputs (abort on exit)."""
+        group = self.group()
+        await group.add(prompt_ids, params, request_id)
+        async for out in group.outputs():
+            yield out
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no-op if it already finished). Thread-safe."""
+        self._send("abort", request_id)
+
+    async def call(self, fn: Callable[["LLMEngine"], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread between steps and return its result."""
+        if not self.healthy:
+            raise EngineDeadError(self.dead_reason or "engine thread is not running")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._send("call", fn, fut)
+        return await fut
+
+    # ---- engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        checked_idle = True
+        while True:
+            with self._wake:
+                while not self._commands and not self._stopping and not self._has_work():
+                    self._wake.wait(timeout=1.0)
+                if self._stopping:
+                    break
+                commands = list(self._commands)
+                self._commands.clear()
+            for cmd in commands:
+                self._apply(cmd)
+            if self._has_work():
+                checked_idle = False
+                self._step()
+            elif not checked_idle and self._check_when_idle and self.dead_reason is None:
+                checked_idle = True
+                self._guarded(self.engine.check_integrity, "integrity check when idle")
+        self._abort_all("server shutting down")
+
+    def _has_work(self) -> bool:
+        return self.dead_reason is None and self.engine.has_unfinished_requests()
+
+    def _apply(self, cmd: tuple[Any, ...]) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            _, rid, ids, params, group, accepted = cmd
+            try:
+                if self.dead_reason is not None:
+                    raise EngineDeadError(self.dead_reason)
+                self.engine.add_request(ids, params, request_id=rid)
+            except Exception as exc:  # ValueError: bad request; anything else: reported as is
+                _resolve(accepted, exc)
+                return
+            self._streams[rid] = group
+            _resolve(accepted, None)
+        elif kind == "abort":
+            if self._streams.pop(cmd[1], None) is not None:
+                self._guarded(lambda: self.engine.abort_request(cmd[1]), f"abort of {cmd[1]}")
+        elif kind == "call":
+            _, fn, fut = cmd
+            try:
+                _resolve(fut, None, fn(self.engine))
+            except Exception as exc:
+                _resolve(fut, exc)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception:
+            self._fail(f"engine step failed:\n{traceback.format_exc()}")
+            return
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue  # aborted by its client meanwhile
+            stream.put(out)
+            if out.finished:
+                del self._streams[out.request_id]
+
+    def _guarded(self, fn: Callable[[], Any], what: str) -> None:
+        try:
+            fn()
+        except Exception:
+            self._fail(f"{what} failed:\n{traceback.format_exc()}")
+
+    def _fail(self, reason: str) -> None:
+        """The engine can no longer be trusted: fail everything in flight and report unhealthy."""
+        log.error("atom engine failure: %s", reason)
+        self.dead_reason = reason.splitlines()[0]
+        self._abort_all(self.dead_reason)
+
+    def _abort_all(self, reason: str) -> None:
+        for rid, stream in list(self._streams.items()):
+            stream.put(EngineDeadError(reason))
+            try:
+                self.engine.abort_request(rid)
+            except Exception:
+                log.exception("abort of %s during shutdown failed", rid)
+        self._streams.clear()
+        with self._wake:
+            pending, self._commands = list(self._commands), collections.deque()
+        for cmd in pending:
+            if cmd[0] == "add":
+                _resolve(cmd[5], EngineDeadError(reason))
+            elif cmd[0] == "call":
+                _resolve(cmd[2], EngineDeadError(reason))
+
+
+def _resolve(fut: "asyncio.Future[Any]", exc: BaseException | None, result: Any = None) -> None:
+    """Complete an event-loop future from the engine thread (ignored if its waiter is gone)."""
+
+    def done() -> None:
+        if fut.cancelled() or fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+
+    try:
+        fut.get_loop().call_soon_threadsafe(done)
+    except RuntimeError:  # the loop is closed (server stopped)
+        pass

@@ -1,0 +1,91 @@
+"""Start the server: build the config, load the engine, bind, print the URL, serve until stopped.
+
+Kept apart from the routes (``openai_server.py``) because it is the process-level concern: it
+owns uvicorn, signals and the console. :class:`Server` is also what the tests run in a thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import threading
+from typing import Any
+
+import uvicorn
+
+from atom.config import EngineConfig
+from atom.entrypoints.args import ServerArgs, engine_config_from_args, server_args_from
+from atom.entrypoints.async_engine import AsyncEngine
+from atom.entrypoints.openai_server import build_app
+
+__all__ = ["Server", "load_engine", "serve_from_args"]
+
+
+def load_engine(config: EngineConfig) -> AsyncEngine:
+    """``LLMEngine.from_config(config)`` wrapped for the server (the thread starts with the app)."""
+    from atom.model_engine.llm_engine import LLMEngine
+
+    return AsyncEngine(LLMEngine.from_config(config))
+
+
+class Server(uvicorn.Server):
+    """uvicorn server that announces its real URL (``port=0`` picks a free one) once it listens.
+
+    ``url`` is set and ``ready`` is signalled after the socket is bound; ``run_in_thread`` is
+    for tests and tools that host the server inside their own process.
+    """
+
+    def __init__(self, app: Any, args: ServerArgs, *, announce: bool = True) -> None:
+        super().__init__(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                        timeout_graceful_shutdown=5, access_log=args.log_level == "debug"))
+        self.args = args
+        self.announce = announce
+        self.url: str | None = None
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.started:
+            return
+        port = self.args.port
+        for server in self.servers:
+            for sock in server.sockets:
+                port = sock.getsockname()[1]
+                break
+        self.url = f"http://{self.args.display_host}:{port}"
+        if self.announce:
+            print(f"atom: serving at {self.url}/v1 (OpenAI-compatible; health {self.url}/health, "
+                  f"metrics {self.url}/metrics)", flush=True)
+        self.ready.set()
+
+    def run_in_thread(self, timeout: float = 60.0) -> threading.Thread:
+        """Start serving in a daemon thread and wait until it listens (raises if it does not)."""
+        thread = threading.Thread(target=self.run, name="atom-http", daemon=True)
+        thread.start()
+        if not self.ready.wait(timeout):
+            self.should_exit = True
+            raise RuntimeError(f"the server did not start listening within {timeout} s")
+        return thread
+
+    def stop(self, thread: threading.Thread, timeout: float = 30.0) -> None:
+        self.should_exit = True
+        thread.join(timeout)
+
+
+def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Everything ``atom serve`` does after parsing. Bad settings exit with status 2 and the reason."""
+    try:
+        config = engine_config_from_args(args)
+        net = server_args_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"atom: loading {config.model or 'the built-in tiny DeepSeek-V4 model'} ...", file=sys.stderr, flush=True)
+    try:
+        engine = load_engine(config)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"atom serve: error: {exc}", file=sys.stderr)
+        return 2
+    server = Server(build_app(engine, api_key=net.api_key), net)
+    server.run()
+    return 0 if server.started else 1

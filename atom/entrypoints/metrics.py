@@ -1,0 +1,112 @@
+"""Prometheus metrics of one server (``GET /metrics``), in a registry of its own.
+
+Two kinds of values:
+
+* engine state and cumulative engine counters (arena bytes per owner, running / waiting requests,
+  preemptions, prefix-cache queries / hits / attributed misses, tokens in and out) come from
+  ``LLMEngine.stats()``; the route fetches a fresh snapshot on the engine thread at every scrape
+  and :class:`_EngineStatsCollector` exposes it, so nothing is double counted or goes stale;
+* per-request latencies (time to first token, time per output token, end-to-end latency) and
+  finished requests by reason are observed by the routes as requests complete.
+
+Each app owns its own ``CollectorRegistry``, so several servers can live in one process (tests).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from atom.model_engine.llm_engine import EngineStats
+
+__all__ = ["ServerMetrics", "CONTENT_TYPE_LATEST"]
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                 10.0, 20.0, 40.0, 80.0, 160.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                 0.5, 0.75, 1.0, 2.5, 5.0)
+_E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+#: (metric name without ``_total``, EngineStats field, help) of the cumulative engine counters.
+_COUNTERS = (
+    ("atom_num_preemptions", "num_preemptions", "Requests preempted (their KV released) to make room."),
+    ("atom_prefix_cache_queries", "prefix_queries", "Prompt tokens looked up in the prefix cache."),
+    ("atom_prefix_cache_hits", "prefix_hits", "Prompt tokens served from the prefix cache."),
+    ("atom_prompt_tokens", "prompt_tokens", "Prompt tokens admitted (prefill work requested)."),
+    ("atom_generation_tokens", "generation_tokens", "Tokens generated."),
+)
+#: miss attribution: label value -> EngineStats field.
+_MISSES = (("evicted_kv", "lost_to_evicted_kv"), ("swa_window", "lost_to_swa_window"),
+           ("csa_state", "lost_to_csa_state"))
+
+
+class _EngineStatsCollector(Collector):
+    """Exposes the latest ``EngineStats`` snapshot (nothing before the first scrape)."""
+
+    def __init__(self) -> None:
+        self.stats: "EngineStats | None" = None
+        self.healthy = True
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("atom_engine_healthy", "1 while the engine thread runs and its checks pass.",
+                                value=1.0 if self.healthy else 0.0)
+        s = self.stats
+        if s is None:
+            return
+        arena = GaugeMetricFamily("atom_kv_arena_bytes", "KV arena bytes held per owner, and free.",
+                                  labels=["owner"])
+        for owner, nbytes in sorted(s.arena_bytes.items()):
+            arena.add_metric([owner], float(nbytes))
+        yield arena
+        yield GaugeMetricFamily("atom_num_requests_running", "Requests being scheduled.", value=s.num_running)
+        yield GaugeMetricFamily("atom_num_requests_waiting", "Requests queued for admission.", value=s.num_waiting)
+        for name, field, doc in _COUNTERS:
+            yield CounterMetricFamily(name, doc, value=float(getattr(s, field)))
+        misses = CounterMetricFamily("atom_prefix_cache_misses",
+                                     "Prompt tokens not reused, by why their cached KV could not serve.",
+                                     labels=["reason"])
+        for label, field in _MISSES:
+            misses.add_metric([label], float(getattr(s, field)))
+        yield misses
+
+
+class ServerMetrics:
+    """The registry plus the per-request instruments the routes observe."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._engine = _EngineStatsCollector()
+        self.registry.register(self._engine)
+        self.ttft = Histogram("atom_time_to_first_token_seconds", "Request arrival to first output token.",
+                              buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.tpot = Histogram("atom_time_per_output_token_seconds",
+                              "Mean time between output tokens of a request (after the first).",
+                              buckets=_TPOT_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("atom_e2e_request_latency_seconds", "Request arrival to its last token.",
+                             buckets=_E2E_BUCKETS, registry=self.registry)
+        self.finished = Counter("atom_request_success", "Finished requests by finish reason.",
+                                ["finished_reason"], registry=self.registry)
+        self.errors = Counter("atom_request_errors", "Requests answered with an error, by HTTP status.",
+                              ["status"], registry=self.registry)
+
+    def observe_request(self, arrival: float, first_token: float | None, last_token: float | None,
+                        num_output_tokens: int, finish_reason: str | None) -> None:
+        """Record one finished choice (times from ``time.perf_counter()``)."""
+        if first_token is not None:
+            self.ttft.observe(max(first_token - arrival, 0.0))
+        if last_token is not None:
+            self.e2e.observe(max(last_token - arrival, 0.0))
+        if first_token is not None and last_token is not None and num_output_tokens > 1:
+            self.tpot.observe(max(last_token - first_token, 0.0) / (num_output_tokens - 1))
+        self.finished.labels(finish_reason or "unknown").inc()
+
+    def render(self, stats: "EngineStats | None", healthy: bool) -> bytes:
+        """Prometheus text exposition with ``stats`` as the engine snapshot."""
+        if stats is not None:
+            self._engine.stats = stats
+        self._engine.healthy = healthy
+        return generate_latest(self.registry)

@@ -1,0 +1,243 @@
+"""The OpenAI-compatible HTTP server: routes, the request guard, error mapping, and ``main``.
+
+Run it with ``atom serve [MODEL_DIR]`` or ``python -m atom.entrypoints.openai_server [MODEL_DIR]``.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``, ``GET /metrics``. Every error is an OpenAI-style body
+``{"error": {"message", "type", "param", "code"}}``:
+
+=====  =====================================================================================
+400    malformed JSON, a wrong type or missing field, an invalid sampling value, a prompt that
+       does not fit ``max_model_len`` (the message gives the numbers), an empty prompt
+401    ``--api-key`` set and the ``Authorization: Bearer`` header is missing or wrong (/v1/* only)
+404    unknown model, unknown route
+405    wrong method on a known route
+413    request body over :data:`MAX_BODY_BYTES`
+500    an unexpected failure while serving that one request (the server keeps running)
+503    the engine thread failed (``/health`` also answers 503)
+=====  =====================================================================================
+
+The guard is plain ASGI middleware (not ``BaseHTTPMiddleware``, which would buffer streams and
+hide client disconnects): it checks the key, then reads at most ``max_body_bytes`` of the body
+and replays it to the app, so an oversized body is refused without being held in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import sys
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from atom.entrypoints.async_engine import AsyncEngine
+from atom.entrypoints.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from atom.entrypoints.protocol import ApiError, ChatCompletionRequest, CompletionRequest, error_body
+from atom.entrypoints.serving import OpenAIServing, wait_for_disconnect
+
+__all__ = ["MAX_BODY_BYTES", "build_app", "main"]
+
+#: Largest accepted request body (4 MiB; about a million tokens of text).
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+_STATUS_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
+                503: "server_error"}
+
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+async def _send_error(send: Callable[[dict], Awaitable[None]], status: int, message: str, code: str,
+                      headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps(error_body(message, _STATUS_TYPE.get(status, "invalid_request_error"), None, code)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _Guard:
+    """API key check and body-size limit, ahead of routing (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
+                       send: Callable[[dict], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        if self.api_key is not None and scope["path"].startswith("/v1"):
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                what = "missing" if not given else "incorrect"
+                return await _send_error(send, 401, f"API key {what}: send 'Authorization: Bearer <key>'",
+                                         "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+        try:
+            declared = int(headers.get(b"content-length", b"0"))
+        except ValueError:
+            return await _send_error(send, 400, "Content-Length is not a number", "invalid_header")
+        if declared > self.max_body_bytes:
+            return await _send_error(send, 413, self._too_large(declared), "request_too_large")
+        chunks, size = [], 0
+        if scope.get("method") in ("POST", "PUT", "PATCH"):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                if size > self.max_body_bytes:
+                    return await _send_error(send, 413, self._too_large(size), "request_too_large")
+                if not message.get("more_body", False):
+                    break
+        return await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    def _too_large(self, size: int) -> str:
+        return f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes"
+
+
+def _replay(body: bytes, receive: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
+    """A receive() that returns the buffered body once, then defers to the real one (disconnects)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> dict:
+        return pending.pop() if pending else await receive()
+
+    return replayed
+
+
+def _error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                    type: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type or _STATUS_TYPE.get(status, "invalid_request_error"), param, code),
+                        status_code=status)
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    loc = ".".join(str(p) for p in first["loc"] if not (isinstance(p, str) and "[" in p)) or None
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{loc or 'body'}: {first['msg']}{more}", loc.split(".")[0] if loc else None
+
+
+async def _parse(request: Request, model: type[BaseModel]) -> Any:
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the JSON body must be an object, got {type(data).__name__}", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message, param = _validation_message(exc)
+        raise ApiError(400, message, param=param, code="invalid_type") from None
+
+
+def build_app(engine: AsyncEngine, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> Any:
+    """The ASGI app. Its lifespan starts the engine thread and stops it on shutdown."""
+    metrics = ServerMetrics()
+    serving = OpenAIServing(engine, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+
+    app = FastAPI(title="atom", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine, app.state.metrics = engine, metrics
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        metrics.errors.labels(str(exc.status)).inc()
+        return _error_response(exc.status, exc.message, exc.param, exc.code, exc.type)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error_response(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        metrics.errors.labels("500").inc()
+        print(f"atom: internal error while serving a request: {exc!r}", file=sys.stderr)
+        return _error_response(500, f"internal error: {type(exc).__name__}", code="internal_error")
+
+    async def respond(request: Request, prep_fn: Callable[[Any], Any], body_model: type[BaseModel]) -> Response:
+        arrival = time.perf_counter()
+        prep = prep_fn(await _parse(request, body_model))
+        group, index, states = await serving.start(prep)
+        if prep.stream:
+            return StreamingResponse(serving.run_stream(prep, group, index, states, arrival),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                                     background=BackgroundTask(group.abort))
+        work = asyncio.ensure_future(serving.run_full(prep, group, index, states, arrival))
+        gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not work.done():  # the client left: free its KV now instead of finishing the work
+            work.cancel()
+            group.abort()
+            return Response(status_code=499)
+        return JSONResponse(work.result())
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await respond(request, serving.prepare_completion, CompletionRequest)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await respond(request, serving.prepare_chat, ChatCompletionRequest)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "atom",
+                "max_model_len": engine.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.healthy:
+            return JSONResponse({"status": "ok"})
+        return _error_response(503, f"engine unavailable: {engine.dead_reason or 'not running'}",
+                               code="engine_dead")
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        stats = await engine.call(lambda e: e.stats()) if engine.healthy else None
+        return Response(metrics.render(stats, engine.healthy), media_type=CONTENT_TYPE_LATEST)
+
+    return _Guard(app, api_key, max_body_bytes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m atom.entrypoints.openai_server``: same flags as ``atom serve``."""
+    import argparse
+
+    from atom.entrypoints.args import add_serve_arguments
+    from atom.entrypoints.launch import serve_from_args
+
+    parser = argparse.ArgumentParser(prog="python -m atom.entrypoints.openai_server",
+                                     description="Serve a DeepSeek-V4 model over an OpenAI-compatible API.")
+    add_serve_arguments(parser)
+    return serve_from_args(parser, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

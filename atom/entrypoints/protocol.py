@@ -1,0 +1,116 @@
+"""Request and response shapes of the OpenAI-compatible API (pydantic models) and its error type.
+
+Requests are validated *strictly* (``"5"`` is not an integer, ``true`` is not a number): a wrong
+type is the client's bug and gets HTTP 400 with the field named, instead of a silent coercion.
+Unknown fields are ignored, as the OpenAI API does for forward compatibility. Value ranges
+(temperature, top_p, ...) are checked by :class:`atom.sampling_params.SamplingParams`, the one
+place that knows them; the server turns its ``ValueError`` into HTTP 400.
+
+Responses are built as plain dicts by the routes (see ``openai_server.py``); only their
+``usage`` part has a helper here, because both endpoints and the stream share it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ApiError", "StreamOptions", "ChatMessage", "CompletionRequest", "ChatCompletionRequest",
+           "usage_dict", "error_body", "MAX_N"]
+
+#: Most choices one request may ask for (``n``).
+MAX_N = 64
+
+
+class ApiError(Exception):
+    """An error that becomes an OpenAI-style JSON body ``{"error": {message, type, param, code}}``."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """The JSON body of every error response."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    """Fields both endpoints share; ranges are checked when SamplingParams is built."""
+
+    model: str
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # not in OpenAI's API; vLLM-style extra
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False  # vLLM-style extra: keep going past the end-of-sequence token
+    user: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``. ``prompt`` is text, a list of texts, token ids or lists of ids."""
+
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = 16
+    echo: bool = False
+
+
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: str
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The content as one string (text parts joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over the older ``max_tokens``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    add_generation_prompt: bool = True  # vLLM-style extra
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI ``usage`` with ``prompt_tokens_details.cached_tokens``."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}

@@ -1,0 +1,279 @@
+"""What ``/v1/completions`` and ``/v1/chat/completions`` do, between validation and the wire.
+
+Both endpoints reduce to the same work: a list of prompts (token ids) times ``n`` choices, each
+one engine request in a single :class:`~atom.entrypoints.async_engine.RequestGroup`, answered as
+one JSON body or as an SSE stream. :class:`OpenAIServing` holds that shared path; the two endpoint
+flavours differ only in how prompts are built and how a choice is rendered (:class:`_Flavour`).
+
+Choice ``k`` of prompt ``p`` has index ``p * n + k`` and runs with ``seed + k`` when a seed is
+given, so choices differ but the same request always gives the same text. ``usage.prompt_tokens``
+counts each prompt once (not once per choice); ``cached_tokens`` is the prefix-cache hit of each
+prompt's first choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+
+from atom.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestGroup
+from atom.entrypoints.metrics import ServerMetrics
+from atom.entrypoints.protocol import (MAX_N, ApiError, ChatCompletionRequest, CompletionRequest,
+                                       _SamplingFields, usage_dict)
+from atom.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from atom.model_engine.llm_engine import RequestOutput
+
+__all__ = ["OpenAIServing", "Prepared"]
+
+
+@dataclass
+class Prepared:
+    """A validated request ready to run: prompts as ids, the params of each choice."""
+
+    kind: str  # "completion" | "chat"
+    request_id: str
+    prompts: list[list[int]]
+    params: list[SamplingParams]  # one per choice index k (same for every prompt)
+    stream: bool
+    include_usage: bool
+    echo_texts: list[str] = field(default_factory=list)  # completions with echo: prompt text per prompt
+
+
+@dataclass
+class _ChoiceState:
+    prompt_index: int
+    text: str = ""
+    num_tokens: int = 0
+    cached: int = 0
+    finish_reason: str | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+class OpenAIServing:
+    """Turns validated requests into engine work and responses. One per app."""
+
+    def __init__(self, engine: AsyncEngine, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.tokenizer = engine.tokenizer
+
+    # ---- validation into Prepared -------------------------------------------------------------
+    def check_model(self, name: str) -> None:
+        if name != self.engine.model_name:
+            raise ApiError(404, f"The model `{name}` does not exist; this server serves "
+                                f"`{self.engine.model_name}`.", param="model", code="model_not_found")
+
+    def prepare_completion(self, req: CompletionRequest) -> Prepared:
+        self.check_model(req.model)
+        prompt = req.prompt
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
+            texts = [prompt] if isinstance(prompt, str) else list(prompt)
+            prompts = [self.tokenizer.encode(t) for t in texts]
+        elif isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            prompts, texts = [list(prompt)], []
+        else:
+            prompts, texts = [list(p) for p in prompt], []
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ApiError(400, "prompt must not be empty", param="prompt")
+        self._check_token_ids(prompts)
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens
+        for p in prompts:
+            self._check_length(len(p), max_tokens, "prompt", "max_tokens")
+        echo = (texts or [self.tokenizer.decode(p) for p in prompts]) if req.echo else []
+        return self._prepared("completion", "cmpl", req, prompts, max_tokens, echo)
+
+    def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
+        self.check_model(req.model)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if not ids:
+            raise ApiError(400, "the rendered chat prompt is empty", param="messages")
+        max_tokens = req.requested_max_tokens
+        if max_tokens is None:
+            self._check_length(len(ids), 1, "messages", req.max_tokens_param)
+            max_tokens = self.engine.max_model_len - len(ids)
+        self._check_length(len(ids), max_tokens, "messages", req.max_tokens_param)
+        return self._prepared("chat", "chatcmpl", req, [ids], max_tokens, [])
+
+    def _prepared(self, kind: str, prefix: str, req: _SamplingFields, prompts: list[list[int]],
+                  max_tokens: int, echo: list[str]) -> Prepared:
+        if not 1 <= req.n <= MAX_N:
+            raise ApiError(400, f"n={req.n} must be between 1 and {MAX_N}", param="n")
+        if req.stream_options is not None and not req.stream:
+            raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+        if req.seed is not None and not 0 <= req.seed < 2**63:
+            raise ApiError(400, f"seed={req.seed} must be in [0, 2**63)", param="seed")
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        params = [self._params(req, max_tokens, stop, k) for k in range(req.n)]
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return Prepared(kind, f"{prefix}-{uuid.uuid4().hex}", prompts, params, req.stream, include_usage, echo)
+
+    @staticmethod
+    def _params(req: _SamplingFields, max_tokens: int, stop: list[str], k: int) -> SamplingParams:
+        fields: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), ignore_eos=req.ignore_eos,
+                                      seed=None if req.seed is None else req.seed + k)
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(req, name) is not None:
+                fields[name] = getattr(req, name)
+        try:
+            return SamplingParams(**fields)
+        except ValueError as exc:
+            param = str(exc).split("=", 1)[0] if "=" in str(exc) else None
+            raise ApiError(400, str(exc), param=param) from None
+
+    def _check_token_ids(self, prompts: list[list[int]]) -> None:
+        vocab = int(getattr(self.engine.engine, "vocab_size", 0) or self.tokenizer.vocab_size)
+        for p in prompts:
+            bad = [t for t in p if not 0 <= t < vocab]
+            if bad:
+                raise ApiError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+
+    def _check_length(self, prompt_len: int, max_tokens: int, prompt_param: str, max_param: str) -> None:
+        limit = self.engine.max_model_len
+        if max_tokens < 1:
+            raise ApiError(400, f"{max_param}={max_tokens} must be >= 1", param=max_param)
+        if prompt_len >= limit:
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens, but the {prompt_param} "
+                                f"has {prompt_len} tokens (at most {limit - 1} leave room for one output token).",
+                           param=prompt_param, code="context_length_exceeded")
+        if prompt_len + max_tokens > limit:
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                f"{prompt_len + max_tokens} tokens ({prompt_len} in the {prompt_param}, {max_tokens} "
+                                f"for the completion). Reduce the {prompt_param} or {max_param}.",
+                           param=max_param, code="context_length_exceeded")
+
+    # ---- running ------------------------------------------------------------------------------
+    async def start(self, prep: Prepared) -> tuple[RequestGroup, dict[str, int], list[_ChoiceState]]:
+        """Submit every choice; on any rejection abort the ones already in and raise ApiError."""
+        group = self.engine.group()
+        index: dict[str, int] = {}
+        n = len(prep.params)
+        states = [_ChoiceState(prompt_index=i // n) for i in range(len(prep.prompts) * n)]
+        try:
+            for i in range(len(states)):
+                rid = f"{prep.request_id}-{i}"
+                index[rid] = i
+                await group.add(prep.prompts[i // n], prep.params[i % n], rid)
+        except ValueError as exc:
+            group.abort()
+            raise ApiError(400, str(exc), param="prompt" if prep.kind == "completion" else "messages") from None
+        except EngineDeadError as exc:
+            group.abort()
+            raise ApiError(503, f"engine unavailable: {exc}", type="server_error", code="engine_dead") from None
+        except BaseException:
+            group.abort()
+            raise
+        return group, index, states
+
+    def _update(self, st: _ChoiceState, out: "RequestOutput", now: float, arrival: float) -> None:
+        st.text += out.new_text
+        st.num_tokens = len(out.output_token_ids)
+        st.cached = out.num_cached_tokens
+        if out.new_token_ids:
+            if st.first_token_at is None:
+                st.first_token_at = now
+            st.last_token_at = now
+        if out.finished:
+            st.finish_reason = out.finish_reason
+            self.metrics.observe_request(arrival, st.first_token_at, st.last_token_at, st.num_tokens,
+                                         out.finish_reason)
+
+    def _usage(self, prep: Prepared, states: list[_ChoiceState]) -> dict[str, Any]:
+        n = len(prep.params)
+        return usage_dict(sum(len(p) for p in prep.prompts), sum(s.num_tokens for s in states),
+                          sum(states[p * n].cached for p in range(len(prep.prompts))))
+
+    async def run_full(self, prep: Prepared, group: RequestGroup, index: dict[str, int],
+                       states: list[_ChoiceState], arrival: float) -> dict[str, Any]:
+        """Wait for every choice and build the JSON body."""
+        try:
+            async for out in group.outputs():
+                self._update(states[index[out.request_id]], out, time.perf_counter(), arrival)
+        except EngineDeadError as exc:
+            raise ApiError(500, f"engine failed: {exc}", type="server_error", code="engine_dead") from None
+        render = _render_chat if prep.kind == "chat" else _render_completion
+        choices = [render(i, s, prep) for i, s in enumerate(states)]
+        return {"id": prep.request_id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
+                "created": int(time.time()), "model": self.engine.model_name, "choices": choices,
+                "usage": self._usage(prep, states)}
+
+    async def run_stream(self, prep: Prepared, group: RequestGroup, index: dict[str, int],
+                         states: list[_ChoiceState], arrival: float) -> AsyncIterator[str]:
+        """SSE events; leaving early (client gone) aborts the unfinished choices via the group."""
+        created = int(time.time())
+        chunk = _chunk_maker(prep, self.engine.model_name, created)
+        try:
+            if prep.kind == "chat":
+                yield _sse(chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                   "finish_reason": None} for i in range(len(states))]))
+            elif prep.echo_texts:
+                yield _sse(chunk([_stream_choice(prep, i, prep.echo_texts[s.prompt_index], None)
+                                  for i, s in enumerate(states)]))
+            async for out in group.outputs():
+                i = index[out.request_id]
+                self._update(states[i], out, time.perf_counter(), arrival)
+                if out.new_text or out.finished:
+                    yield _sse(chunk([_stream_choice(prep, i, out.new_text, out.finish_reason if out.finished
+                                                     else None)]))
+            if prep.include_usage:
+                yield _sse(chunk([], usage=self._usage(prep, states)))
+        except EngineDeadError as exc:
+            yield _sse({"error": {"message": f"engine failed: {exc}", "type": "server_error", "param": None,
+                                  "code": "engine_dead"}})
+        finally:
+            group.abort()
+        yield "data: [DONE]\n\n"
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _chunk_maker(prep: Prepared, model: str, created: int) -> Callable[..., dict[str, Any]]:
+    obj = "chat.completion.chunk" if prep.kind == "chat" else "text_completion"
+
+    def make(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": prep.request_id, "object": obj, "created": created, "model": model,
+                                "choices": choices}
+        if prep.include_usage:
+            body["usage"] = usage
+        return body
+
+    return make
+
+
+def _stream_choice(prep: Prepared, i: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    if prep.kind == "chat":
+        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": None,
+                "finish_reason": finish_reason}
+    return {"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _render_completion(i: int, s: _ChoiceState, prep: Prepared) -> dict[str, Any]:
+    text = (prep.echo_texts[s.prompt_index] if prep.echo_texts else "") + s.text
+    return {"index": i, "text": text, "logprobs": None, "finish_reason": s.finish_reason}
+
+
+def _render_chat(i: int, s: _ChoiceState, prep: Prepared) -> dict[str, Any]:
+    return {"index": i, "message": {"role": "assistant", "content": s.text}, "logprobs": None,
+            "finish_reason": s.finish_reason}
+
+
+async def wait_for_disconnect(receive: Callable[[], Any]) -> None:
+    """Return when the ASGI client disconnects (used to abort non-streaming requests)."""
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            return
+        await asyncio.sleep(0)
