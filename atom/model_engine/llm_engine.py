@@ -1,0 +1,198 @@
+"""LLMEngine: requests in, streamed outputs out; the scheduler loop around a runner.
+
+The engine itself is pure Python: it owns the :class:`Scheduler` (and through it the block manager
+and arena bookkeeping), turns text into token ids and back, applies stop strings, and calls a runner
+with one frozen batch per step. Any object with ``execute(ScheduledBatch) -> RunnerOutput`` is a
+runner: the torch :class:`atom.model_executor.model_runner.ModelRunner` in production, the fake
+runner in control-plane tests. :meth:`LLMEngine.from_config` builds the real one (importing torch
+only then). Not thread-safe: one thread drives it (the server runs it in a background loop).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any, Protocol, Sequence as Seq
+
+from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
+from atom.model_engine.request_output import EngineStats, RequestOutput
+from atom.model_engine.scheduler import Scheduler
+from atom.model_engine.sequence import Sequence, SequenceStatus
+from atom.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from atom.config import EngineConfig
+    from atom.tokenizer import Tokenizer
+
+__all__ = ["LLMEngine", "Runner", "LLM"]
+
+_FINISH = {SequenceStatus.FINISHED_STOPPED: "stop", SequenceStatus.FINISHED_LENGTH: "length",
+           SequenceStatus.FINISHED_ABORTED: "abort"}
+
+
+class Runner(Protocol):
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput: ...
+
+
+class _Request:
+    __slots__ = ("request_id", "seq", "text", "emitted", "cached")
+
+    def __init__(self, request_id: str, seq: Sequence) -> None:
+        self.request_id, self.seq, self.text, self.emitted, self.cached = request_id, seq, "", 0, 0
+
+
+class LLMEngine:
+    """Continuous batching over one scheduler and one runner."""
+
+    def __init__(self, scheduler: Scheduler, runner: Runner, tokenizer: Tokenizer | None = None,
+                 model_name: str = "atom", max_model_len: int | None = None) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_model_len = max_model_len or scheduler.config.max_model_len
+        self._requests: dict[str, _Request] = {}
+        self._by_seq: dict[int, _Request] = {}
+        self._ids = itertools.count()
+        self._generation_tokens = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, **runner_options: Any) -> "LLMEngine":
+        """Load the model (or the built-in tiny one) and build every part (imports torch)."""
+        from atom.model_executor.engine_builder import build_engine
+
+        return build_engine(cls, config, **runner_options)
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(self, prompt: str | Seq[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """Queue a request; ``ValueError`` (with the numbers) if it can never run."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: pass prompt token ids")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        seq = Sequence(ids, params, self.scheduler.block_size)
+        self.scheduler.add(seq)
+        req = _Request(rid, seq)
+        self._requests[rid] = req
+        self._by_seq[seq.seq_id] = req
+        return rid
+
+    def abort_request(self, request_id: str) -> bool:
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return False
+        self._by_seq.pop(req.seq.seq_id, None)
+        return self.scheduler.abort(req.seq.seq_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- stepping -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run and postprocess one step; outputs of the requests that progressed."""
+        batch = self.scheduler.schedule()
+        finished_early = [r for r in list(self._requests.values()) if r.seq.status.finished]
+        out = self.runner.execute(batch) if batch.seqs else RunnerOutput({})
+        results = self.scheduler.postprocess(batch, out)
+        outputs = [self._finish_output(r) for r in finished_early]
+        for res in results:
+            req = self._by_seq.get(res.seq.seq_id)
+            if req is None:
+                continue
+            if res.new_token is not None:
+                self._generation_tokens += 1
+            outputs.append(self._output(req, res.new_token))
+        return outputs
+
+    def _output(self, req: _Request, new_token: int | None) -> RequestOutput:
+        seq = req.seq
+        if req.cached == 0 and seq.num_cached_tokens:
+            req.cached = seq.num_cached_tokens
+        if new_token is not None and seq.params.stop and self.tokenizer is not None:
+            self._apply_stop_strings(req)
+        new_ids = [new_token] if new_token is not None else []
+        new_text = self._new_text(req)
+        if seq.status.finished:
+            self._forget(req)
+        return self._make(req, new_ids, new_text)
+
+    def _apply_stop_strings(self, req: _Request) -> None:
+        text = self.tokenizer.decode(req.seq.output_token_ids)
+        hits = [i for i in (text.find(s) for s in req.seq.params.stop) if i >= 0]
+        if hits:
+            req.text = text[: min(hits)]
+            self.scheduler.finish_by_stop_string(req.seq)
+
+    def _new_text(self, req: _Request) -> str:
+        if self.tokenizer is None:
+            return ""
+        seq = req.seq
+        if not (seq.status is SequenceStatus.FINISHED_STOPPED and seq.params.stop and req.text):
+            text = self.tokenizer.decode(seq.output_token_ids)
+            if not seq.status.finished:
+                text = text.rstrip("\ufffd")  # hold back a partial UTF-8 character until it completes
+            req.text = text
+        new = req.text[req.emitted:]
+        req.emitted = len(req.text)
+        return new
+
+    def _finish_output(self, req: _Request) -> RequestOutput:
+        self._forget(req)
+        return self._make(req, [], "")
+
+    def _make(self, req: _Request, new_ids: list[int], new_text: str) -> RequestOutput:
+        seq = req.seq
+        return RequestOutput(req.request_id, seq.token_ids[: seq.num_prompt_tokens], list(seq.output_token_ids),
+                             new_ids, req.text, new_text, seq.status.finished, _FINISH.get(seq.status),
+                             req.cached, seq.stats, seq.error)
+
+    def _forget(self, req: _Request) -> None:
+        self._requests.pop(req.request_id, None)
+        self._by_seq.pop(req.seq.seq_id, None)
+
+    # ---- offline ------------------------------------------------------------------------------
+    def generate(self, prompts: Seq[str] | Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams],
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run a batch of prompts to completion; outputs in prompt order. Shows progress with tqdm."""
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        final: dict[str, RequestOutput] = {}
+        bar = _progress(len(ids), use_tqdm)
+        while len(final) < len(ids) and self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished and out.request_id in ids and out.request_id not in final:
+                    final[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [final[i] for i in ids]
+
+    # ---- observability ------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        s, c = self.scheduler, self.scheduler.bm.counters
+        return EngineStats(s.bm.arena.usage(), len(s.running), len(s.waiting), s.num_preemptions, c.queries,
+                           c.hits, c.lost_to_evicted_kv, c.lost_to_swa_window, c.lost_to_csa_state,
+                           c.queries, self._generation_tokens)
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="generate", unit="req")
+
+
+LLM = LLMEngine

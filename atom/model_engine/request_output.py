@@ -1,0 +1,44 @@
+"""What the engine reports to its users: per-request outputs (streamed per step) and engine stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from atom.model_engine.sequence import PrefixStats
+
+__all__ = ["RequestOutput", "EngineStats"]
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step. ``new_*`` hold what this step added (for streaming);
+    ``text`` / ``output_token_ids`` are cumulative. ``finish_reason``: "stop", "length" or "abort"."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    new_token_ids: list[int]
+    text: str
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_cached_tokens: int
+    stats: PrefixStats = field(default_factory=PrefixStats)
+    error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters and gauges for metrics. Arena bytes are whole chunks per owner."""
+
+    arena_bytes: dict[str, int]
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    prefix_queries: int
+    prefix_hits: int
+    lost_to_evicted_kv: int
+    lost_to_swa_window: int
+    lost_to_csa_state: int
+    prompt_tokens: int
+    generation_tokens: int

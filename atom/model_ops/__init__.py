@@ -1,0 +1,1 @@
+"""Model operators that run on the paged KV arena."""

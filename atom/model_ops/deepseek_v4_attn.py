@@ -1,0 +1,179 @@
+"""DeepSeek-V4 attention on the paged KV arena (the reference model's weights, the arena's memory).
+
+Per layer and step, in this order (each step of it through a kernel of :mod:`atom.kernels`):
+
+1. token-local projections (``Attention.project``: q, the K=V row, compressor and indexer rows);
+2. ``swa_write``: every token's K=V row into its SWA page (``row = page * row_stride + pos % B``), so the
+   window of every query in the step is in the arena before anyone reads it;
+3. compressor state: clear the slot of a newly admitted request, ``csa_boundary_restore`` the CSA
+   overlap rows from the SWA page of a prefix hit's last block, pool every entry the chunk completes
+   (rows from the ring for positions before the chunk, from the fresh projections inside it), then
+   ``compressor_state_update`` the ring and ``csa_boundary_capture`` the overlap rows of blocks whose
+   last 4 positions ran (into each block's own SWA page, -1 = skip);
+4. ``compressed_write`` the finished entries (and indexer keys) into compress-owned pages;
+5. CSA: lightning-indexer top-k per query over the keys gathered from the arena; index lists from
+   ``build_window_index`` / ``build_comp_index``; ``sparse_attention`` with the per-head sink;
+6. inverse RoPE and the grouped output projection (``Attention.project_out``).
+
+Pooling reuses the reference compressor's ``pool`` / ``finish`` on rows gathered in the same order
+([previous block's "b" half; this block's "a" half]), and top-k uses the reference indexer's
+``score`` / ``select``, so entries and picks equal the reference model's bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atom.kernels.backend import KernelSet
+from atom.model_executor.kv_views import KvViews
+from atom.model_executor.step_inputs import PageTables, StepInputs
+from atom.models.deepseek_v4.attention import Attention, Projections
+from atom.models.deepseek_v4.compressor import Compressor
+from atom.models.deepseek_v4.indexer import Indexer
+from atom.models.deepseek_v4.layers import map_rows
+
+__all__ = ["PagedDeepseekV4Attention"]
+
+
+class PagedDeepseekV4Attention:
+    """One layer's attention over the arena; holds no state of its own besides the bound views."""
+
+    def __init__(self, attn: Attention, views: KvViews, kernels: KernelSet) -> None:
+        self.attn, self.views, self.k = attn, views, kernels
+        self.layer = attn.layer_id
+        self.cfg = attn.cfg
+        self.ratio = attn.ratio
+        lay = views.layout
+        self.block_size = lay.spec.block_size
+        self.swa_region = lay.swa_rows(self.layer)
+        self.comp_region = lay.compressed_rows(self.layer) if self.ratio else None
+        self.index_region = lay.index_rows(self.layer) if attn.indexer is not None else None
+
+    # ---- the step -----------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
+        rw = self.cfg.batch_invariant
+        p: Projections = map_rows(self.attn.project, rw, x, step.positions)
+        pos32 = step.positions.to(torch.int32)
+        kv = p.kv.to(self.views.swa[self.layer].dtype).contiguous()
+        self.k.swa_write(kv, self.views.swa[self.layer], tables.swa, step.token_slot, pos32,
+                         block_size=self.block_size, row_stride=self.swa_region.page_rows)
+        comp_idx = None
+        if self.ratio:
+            self._prepare_state(step)
+            self._compress(self.attn.compressor, p.comp, step, tables, self.views.state[self.layer],
+                           self.views.comp[self.layer], self.comp_region, "main")
+            if self.attn.indexer is not None:
+                self._compress(self.attn.indexer.compressor, p.index_comp, step, tables,
+                               self.views.index_state[self.layer], self.views.index[self.layer],
+                               self.index_region, "index")
+            comp_idx = self._comp_index(p, step, tables, pos32)
+        window_idx = self.k.build_window_index(tables.swa, step.token_slot, pos32, window=self.cfg.window_size,
+                                               block_size=self.block_size, row_stride=self.swa_region.page_rows)
+        rows = self.views.swa[self.layer]
+        o = self.k.sparse_attention(p.q.to(rows.dtype).contiguous(), rows, window_idx,
+                                    None if comp_idx is None else self.views.comp[self.layer], comp_idx,
+                                    self.attn.attn_sink.float(), scale=float(self.attn.scale))
+        return map_rows(self.attn.project_out, rw, o.to(x.dtype), step.positions)
+
+    # ---- compressor state ---------------------------------------------------------------------
+    def _prepare_state(self, step: StepInputs) -> None:
+        """Clear the slots of newly admitted requests, then restore CSA boundary rows of prefix hits."""
+        pools = [self.views.state[self.layer]]
+        if self.attn.indexer is not None:
+            pools.append(self.views.index_state[self.layer])
+        for slot in step.reset_slots:
+            for kv, score in pools:
+                kv[slot].zero_()
+                score[slot].fill_(float("-inf"))
+        if self.attn.indexer is None or not step.any_restore:
+            return
+        csa = self.views.csa[self.layer]
+        for (kv, score), (src_kv, src_score) in zip(pools, ((csa.main_kv, csa.main_score),
+                                                            (csa.index_kv, csa.index_score))):
+            self.k.csa_boundary_restore(src_kv, src_score, kv, score, step.restore_src, step.slots, step.pos_start)
+
+    def _compress(self, comp: Compressor, rows: tuple[torch.Tensor, torch.Tensor], step: StepInputs,
+                  tables: PageTables, state: tuple[torch.Tensor, torch.Tensor], out_rows: torch.Tensor,
+                  region, which: str) -> None:
+        kv, score = rows
+        entries, seq_of, entry_ids = [], [], []
+        for s, slot in enumerate(step.slots.tolist()):
+            lo, hi = int(step.cu_seqlens[s]), int(step.cu_seqlens[s + 1])
+            start = int(step.pos_start[s])
+            for i, entry in self._entries(comp, kv[lo:hi], score[lo:hi], start, state[0][slot], state[1][slot]):
+                entries.append(entry)
+                seq_of.append(slot)
+                entry_ids.append(i)
+        zero_ape = torch.zeros_like(comp.ape)  # the projected score rows already include ape[pos % m]
+        self.k.compressor_state_update(kv.contiguous(), score.contiguous(), zero_ape, state[0], state[1],
+                                       step.slots, step.cu_seqlens, step.pos_start)
+        if self.attn.indexer is not None:
+            csa = self.views.csa[self.layer]
+            dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
+            self.k.csa_boundary_capture(kv.contiguous(), score.contiguous(), zero_ape, dst[0], dst[1],
+                                        tables.swa[step.slots.long()], step.cu_seqlens, step.pos_start,
+                                        block_size=self.block_size)
+        if entries:
+            i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+            self.k.compressed_write(torch.stack(entries).to(out_rows.dtype).contiguous(), out_rows, tables.comp,
+                                    i32(seq_of), i32(entry_ids), entries_per_block=region.used_rows,
+                                    pages_per_chunk=region.pages_per_chunk, chunk_rows=region.chunk_rows)
+
+    def _entries(self, comp: Compressor, kv: torch.Tensor, score: torch.Tensor, start: int,
+                 ring_kv: torch.Tensor, ring_score: torch.Tensor):
+        """Yield ``(i, entry)`` for every entry the chunk ``[start, start + T)`` completes."""
+        m, ring, c = comp.ratio, comp.ring_size, comp.head_dim
+        end = start + kv.shape[0]
+
+        def row(pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if pos >= start:
+                return kv[pos - start], score[pos - start]
+            return ring_kv[pos % ring], ring_score[pos % ring]
+
+        for i in range(start // m, end // m):  # entries whose last position (i+1)m-1 runs in this chunk
+            cur = [row(4 * i + j if comp.overlap else m * i + j) for j in range(m)]
+            if not comp.overlap:
+                rows_kv = torch.stack([r[0] for r in cur])
+                rows_score = torch.stack([r[1] for r in cur])
+            else:
+                if i == 0:
+                    prev_kv = torch.zeros(4, c)
+                    prev_score = torch.full((4, c), float("-inf"))
+                else:
+                    prev = [row(4 * i - 4 + j) for j in range(4)]
+                    prev_kv = torch.stack([r[0][:c] for r in prev])
+                    prev_score = torch.stack([r[1][:c] for r in prev])
+                rows_kv = torch.cat((prev_kv, torch.stack([r[0][c:] for r in cur])), 0)
+                rows_score = torch.cat((prev_score, torch.stack([r[1][c:] for r in cur])), 0)
+            yield i, comp.finish(comp.pool(rows_kv, rows_score), i)
+
+    # ---- index lists --------------------------------------------------------------------------
+    def _comp_index(self, p: Projections, step: StepInputs, tables: PageTables, pos32: torch.Tensor) -> torch.Tensor:
+        reg = self.comp_region
+        geo = dict(ratio=self.ratio, entries_per_block=reg.used_rows, pages_per_chunk=reg.pages_per_chunk,
+                   chunk_rows=reg.chunk_rows)
+        if self.attn.indexer is None:
+            width = max(1, int(step.positions.max()) + 1) // self.ratio
+            return self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=max(width, 1), **geo)
+        picks = self._topk(self.attn.indexer, p, step, tables, pos32)
+        return self.k.build_comp_index(tables.comp, step.token_slot, pos32, picks, width=picks.shape[1], **geo)
+
+    def _topk(self, indexer: Indexer, p: Projections, step: StepInputs, tables: PageTables,
+              pos32: torch.Tensor) -> torch.Tensor:
+        """int32 ``[T, index_topk]`` logical entries each query attends (ascending, -1 padded)."""
+        reg = self.index_region
+        n_max = max(1, (int(step.positions.max()) + 1) // 4)
+        key_rows = self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=n_max, ratio=4,
+                                           entries_per_block=reg.used_rows, pages_per_chunk=reg.pages_per_chunk,
+                                           chunk_rows=reg.chunk_rows)
+        keys_view = self.views.index[self.layer]
+        topk = self.cfg.index_topk
+        out = torch.full((step.positions.shape[0], topk), -1, dtype=torch.int32)
+        for t, pos in enumerate(step.positions.tolist()):
+            n = (pos + 1) // 4
+            if n == 0:
+                continue
+            keys = keys_view[key_rows[t, :n].long()]
+            chosen = indexer.select(indexer.score(p.index_q[t], p.index_w[t], keys), topk)
+            out[t, : chosen.numel()] = chosen.to(torch.int32)
+        return out
