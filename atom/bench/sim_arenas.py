@@ -1,0 +1,281 @@
+"""The arenas the trace simulator compares against this project's elastic arena.
+
+Every class here has the interface that :class:`~atom.model_engine.block_manager.BlockManager` and
+its pools use on :class:`~atom.model_engine.unified_kv_arena.UnifiedKvArena` (``alloc`` / ``free`` /
+``page`` / ``can_alloc`` / ``chunks_needed`` / ``chunk_of`` / ``chunk_used_pages`` /
+``lends_between_owners`` ...), so the *same* block manager and scheduler run over each of them:
+
+- :class:`SplitKvArena`: two fixed pools (SWA / compressed) at a byte share of one budget, each its
+  own :class:`ChunkArena` of exact-size pages (no padding). ``lends_between_owners`` is False: a page
+  one pool frees can never serve the other.
+- :func:`atom_style_layout`: an ATOM-style arena (one chunk = one SWA block in every layer's slice,
+  uniform chunk count per ratio group; a compressed page needs a page in every compressed group, so
+  the c4 group bounds the pages per chunk). Sizes come from :func:`atom.bench.capacity.atom_style_chunks`;
+  the arena itself is the real :class:`UnifiedKvArena` over that layout.
+- :class:`OracleKvArena`: the byte-granular bound. Every page costs its exact bytes from one shared
+  budget and is its own chunk, so nothing is padded and any freed byte serves either owner.
+
+All three budget the same bytes as the elastic arena: the KV budget minus the live compressor-state
+pool (:func:`usable_bytes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from atom.bench.capacity import atom_style_chunks
+from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
+from atom.model_engine.kv_layout import KvLayout
+from atom.model_engine.unified_kv_arena import COMPRESS, OWNERS, SWA
+
+__all__ = ["PoolSizedLayout", "SplitKvArena", "OracleKvArena", "atom_style_layout", "split_arena",
+           "oracle_arena", "usable_bytes", "exact_page_bytes"]
+
+
+def usable_bytes(layout: KvLayout) -> int:
+    """The bytes every design shares out: the budget minus the live compressor-state pool."""
+    return layout.kv_cache_bytes - layout.state_pool_bytes
+
+
+def exact_page_bytes(layout: KvLayout) -> dict[str, int]:
+    """Exact (unpadded) bytes of one block of each owner: what counts as holding KV."""
+    return {SWA: layout.spec.swa_block_bytes, COMPRESS: layout.spec.compressed_block_bytes}
+
+
+@dataclass(frozen=True)
+class PoolSizedLayout(KvLayout):
+    """A :class:`KvLayout` whose logical id counts are given, not derived from chunks.
+
+    The block manager sizes its id spaces (and the SWA pin cap) from ``max_swa_pages`` /
+    ``max_compressed_pages``; a fixed split or the oracle has its own page counts per owner.
+    """
+
+    swa_pages: int
+    compress_pages: int
+
+    @property
+    def max_swa_pages(self) -> int:  # type: ignore[override]
+        return self.swa_pages
+
+    @property
+    def max_compressed_pages(self) -> int:  # type: ignore[override]
+        return self.compress_pages
+
+
+def _pool_layout(base: KvLayout, swa_pages: int, compress_pages: int) -> PoolSizedLayout:
+    return PoolSizedLayout(base.spec, base.kv_cache_bytes, base.max_live_requests, 1, 1,
+                           base.spec.swa_block_bytes, 0, swa_pages, compress_pages)
+
+
+class _PagedArena:
+    """Shared logical->physical bookkeeping; subclasses decide where a page's memory comes from."""
+
+    layout: KvLayout
+
+    def __init__(self, layout: KvLayout) -> None:
+        self.layout = layout
+        self._phys: dict[str, dict[int, int]] = {SWA: {}, COMPRESS: {}}
+
+    def pages_per_chunk(self, owner: str) -> int:
+        return 1
+
+    def page(self, owner: str, lid: int) -> int:
+        try:
+            return self._phys[owner][lid]
+        except KeyError:
+            raise KeyError(f"{owner} block {lid} has no arena page") from None
+
+    def page_or_none(self, owner: str, lid: int) -> int | None:
+        return self._phys[owner].get(lid)
+
+    def is_backed(self, owner: str, lid: int) -> bool:
+        return lid in self._phys[owner]
+
+    def chunk_of(self, owner: str, page: int) -> int:
+        return page
+
+    def chunk_used_pages(self, owner: str, page: int) -> int:
+        return 1
+
+    def _check_ids(self, swa: Sequence[int], compress: Sequence[int]) -> None:
+        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
+            dup = [lid for lid in lids if lid in self._phys[owner]]
+            if dup or len(set(lids)) != len(lids):
+                raise ArenaError(f"{owner}: logical ids already backed or repeated: {dup or list(lids)}")
+
+
+class SplitKvArena(_PagedArena):
+    """Two fixed pools: ``swa_pages`` SWA pages and ``compress_pages`` compressed pages, never lent.
+
+    Contract: a pool's pages serve only its owner; ``chunks_needed`` counts the pages an allocation
+    lacks in its own pool and ``can_alloc`` is true only when neither pool lacks any, so the block
+    manager evicts (own cache only) exactly when the owner's pool is full.
+    """
+
+    def __init__(self, layout: KvLayout, swa_pages: int, compress_pages: int) -> None:
+        super().__init__(layout)
+        self._arenas = {SWA: ChunkArena(swa_pages), COMPRESS: ChunkArena(compress_pages)}
+        self._lists = {o: ChunkBackedFreeList(self._arenas[o], 1, o) for o in OWNERS}
+
+    @property
+    def lends_between_owners(self) -> bool:
+        """Always False: the pools are separate memory."""
+        return False
+
+    def capacity(self, owner: str) -> int:
+        return self._arenas[owner].num_chunks
+
+    def num_used(self, owner: str) -> int:
+        return self._lists[owner].num_used()
+
+    def num_free_chunks(self) -> int:
+        return sum(a.num_free() for a in self._arenas.values())
+
+    def owned_chunks(self, owner: str) -> int:
+        return self.num_used(owner)
+
+    def available(self, owner: str) -> int:
+        return self._lists[owner].available()
+
+    def chunks_needed(self, swa: int = 0, compress: int = 0) -> int:
+        """Pages the allocation lacks in its own pools (0: it fits)."""
+        return max(0, swa - self.available(SWA)) + max(0, compress - self.available(COMPRESS))
+
+    def can_alloc(self, swa: int = 0, compress: int = 0) -> bool:
+        return self.chunks_needed(swa, compress) == 0
+
+    def alloc(self, swa: Sequence[int] = (), compress: Sequence[int] = ()) -> dict[str, list[int]]:
+        """All or nothing, like :meth:`UnifiedKvArena.alloc`."""
+        self._check_ids(swa, compress)
+        if not self.can_alloc(len(swa), len(compress)):
+            raise ArenaEmpty(f"fixed split: {len(swa)} SWA pages ({self.available(SWA)} free) + "
+                             f"{len(compress)} compressed pages ({self.available(COMPRESS)} free) do not fit")
+        out: dict[str, list[int]] = {SWA: [], COMPRESS: []}
+        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
+            for lid in lids:
+                page = self._lists[owner].pop()
+                self._phys[owner][lid] = page
+                out[owner].append(page)
+        return out
+
+    def free(self, owner: str, lids: Iterable[int]) -> None:
+        for lid in lids:
+            page = self._phys[owner].pop(lid, None)
+            if page is None:
+                raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
+            self._lists[owner].free(page)
+
+    def check_integrity(self) -> None:
+        for owner in OWNERS:
+            self._arenas[owner].check_integrity()
+            self._lists[owner].check_integrity()
+            pages = list(self._phys[owner].values())
+            assert len(set(pages)) == len(pages), f"{owner}: two logical ids share a page"
+            assert len(pages) == self.num_used(owner)
+            assert len(pages) + self._arenas[owner].num_free() == self.capacity(owner)
+
+
+class OracleKvArena(_PagedArena):
+    """Byte-granular bound: each page costs its exact block bytes from one budget of ``budget`` bytes.
+
+    Contract: an allocation fits iff the bytes in use plus its exact bytes are within the budget;
+    freed bytes serve either owner at once (``lends_between_owners``), and no byte is padding.
+    ``chunks_needed`` counts every new page (each page is its own chunk), so the block manager's
+    make-room loop treats every requesting owner as short and evicts only while the bytes do not fit.
+    """
+
+    def __init__(self, layout: KvLayout, budget: int) -> None:
+        super().__init__(layout)
+        self.budget = budget
+        self.cost = exact_page_bytes(layout)
+        self.used_bytes = 0
+        self._free_pages: dict[str, list[int]] = {SWA: [], COMPRESS: []}
+        self._next_page = {SWA: 0, COMPRESS: 0}
+
+    @property
+    def lends_between_owners(self) -> bool:
+        return True
+
+    def free_bytes(self) -> int:
+        return self.budget - self.used_bytes
+
+    def bytes_for(self, swa: int = 0, compress: int = 0) -> int:
+        return swa * self.cost[SWA] + compress * self.cost[COMPRESS]
+
+    def num_used(self, owner: str) -> int:
+        return len(self._phys[owner])
+
+    def num_free_chunks(self) -> int:
+        return self.free_bytes() // min(self.cost.values())
+
+    def owned_chunks(self, owner: str) -> int:
+        return self.num_used(owner)
+
+    def available(self, owner: str) -> int:
+        return self.free_bytes() // self.cost[owner]
+
+    def chunks_needed(self, swa: int = 0, compress: int = 0) -> int:
+        return swa + compress
+
+    def can_alloc(self, swa: int = 0, compress: int = 0) -> bool:
+        return self.bytes_for(swa, compress) <= self.free_bytes()
+
+    def alloc(self, swa: Sequence[int] = (), compress: Sequence[int] = ()) -> dict[str, list[int]]:
+        self._check_ids(swa, compress)
+        if not self.can_alloc(len(swa), len(compress)):
+            raise ArenaEmpty(f"oracle: {self.bytes_for(len(swa), len(compress))} B needed, {self.free_bytes()} B free")
+        out: dict[str, list[int]] = {SWA: [], COMPRESS: []}
+        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
+            for lid in lids:
+                if self._free_pages[owner]:
+                    page = self._free_pages[owner].pop()
+                else:
+                    page = self._next_page[owner]
+                    self._next_page[owner] += 1
+                self._phys[owner][lid] = page
+                self.used_bytes += self.cost[owner]
+                out[owner].append(page)
+        return out
+
+    def free(self, owner: str, lids: Iterable[int]) -> None:
+        for lid in lids:
+            page = self._phys[owner].pop(lid, None)
+            if page is None:
+                raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
+            self._free_pages[owner].append(page)
+            self.used_bytes -= self.cost[owner]
+
+    def check_integrity(self) -> None:
+        assert 0 <= self.used_bytes <= self.budget, f"oracle uses {self.used_bytes} of {self.budget} B"
+        assert self.used_bytes == sum(self.num_used(o) * self.cost[o] for o in OWNERS)
+        for owner in OWNERS:
+            pages = list(self._phys[owner].values())
+            assert len(set(pages)) == len(pages), f"{owner}: two logical ids share a page"
+            assert not set(pages) & set(self._free_pages[owner]), f"{owner}: a used page is on the free list"
+
+
+def split_arena(layout: KvLayout, swa_share: float) -> tuple[PoolSizedLayout, SplitKvArena]:
+    """A fixed split of :func:`usable_bytes` with ``swa_share`` of the bytes for SWA pages."""
+    if not 0.0 < swa_share < 1.0:
+        raise ValueError(f"swa_share={swa_share} must be in (0, 1)")
+    usable, cost = usable_bytes(layout), exact_page_bytes(layout)
+    swa_pages = int(usable * swa_share) // cost[SWA]
+    comp_pages = int(usable * (1.0 - swa_share)) // cost[COMPRESS]
+    lay = _pool_layout(layout, swa_pages, comp_pages)
+    return lay, SplitKvArena(lay, swa_pages, comp_pages)
+
+
+def oracle_arena(layout: KvLayout) -> tuple[PoolSizedLayout, OracleKvArena]:
+    """The byte-granular oracle over :func:`usable_bytes` (id spaces sized for either owner alone)."""
+    usable, cost = usable_bytes(layout), exact_page_bytes(layout)
+    lay = _pool_layout(layout, usable // cost[SWA], usable // cost[COMPRESS])
+    return lay, OracleKvArena(lay, usable)
+
+
+def atom_style_layout(layout: KvLayout) -> KvLayout:
+    """An ATOM-style layout over the same usable bytes: one SWA page per chunk, the chunk count and
+    compressed pages per chunk of :func:`atom.bench.capacity.atom_style_chunks`."""
+    usable = usable_bytes(layout)
+    chunks, k = atom_style_chunks(layout.spec, usable)
+    return KvLayout(layout.spec, layout.kv_cache_bytes, layout.max_live_requests, 1, k, usable // chunks, chunks)

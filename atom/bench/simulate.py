@@ -1,0 +1,452 @@
+"""Trace-driven simulation: the elastic arena against fixed splits, an ATOM-style arena and the oracle.
+
+    python -m atom.bench.simulate [--quick] [--geometries flash pro] [--workloads chat long agentic sysprompt mix]
+                                  [--budget-gib 40] [--shares 0.05 0.1 0.2 0.3 0.5] [--plot PATH]
+
+Every policy runs the real :class:`Scheduler` + :class:`BlockManager` + :class:`FakeRunner` on the same
+seeded trace (:mod:`atom.bench.sim_workloads`); only the arena under the block manager (and the
+retention flags, through :class:`CacheConfig` fields) differ. One step = one ``schedule()``, one fake
+runner call (one token per decoding request, prefill chunked by the token budget) and one
+``postprocess()``. Modelled time advances by the cost model per step:
+
+    step_seconds = step_s + token_s * tokens_processed      (defaults 5 ms + 40 us per token)
+
+Throughput = tokens served (prompt + generated tokens of every finished request) / modelled seconds
+from 0 to the last completion. Utilisation at a step = (used pages x exact block bytes, both owners;
+cached blocks count) / usable bytes (the budget minus the live compressor-state pool, the same for every
+policy); "under load" = the steps after which at least one arrived request still waits. Hit rate =
+reused prompt tokens / prompt tokens, at each request's first admission.
+
+The last line is ``throughput_vs_best_fixed_min=<x> hit_rate_agentic=<y> utilisation_mean=<z>``:
+x = min over geometries and workloads of the arena's (default flags) throughput / the best fixed
+split's (default flags, best share of the sweep); y = the arena's agentic hit rate (min over
+geometries); z = the arena's mean utilisation under load on the mix workload (min over geometries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import os.path
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence as Seq
+
+from atom.bench.sim_arenas import atom_style_layout, exact_page_bytes, oracle_arena, split_arena, usable_bytes
+from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, first_prompt, request_id, segment_tokens
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
+from atom.model_engine.block_manager import BlockManager
+from atom.model_engine.fake_runner import FakeRunner
+from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
+from atom.model_engine.scheduler import Scheduler
+from atom.model_engine.sequence import Sequence, SequenceStatus
+from atom.model_engine.unified_kv_arena import COMPRESS, SWA
+from atom.sampling_params import SamplingParams
+
+GEOMETRIES = {"flash": "deepseek_v4_flash", "pro": "deepseek_v4_pro"}
+MAX_MODEL_LEN = 270336  # 256K prompts + answers
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Modelled seconds of one step: a fixed cost plus a cost per token processed."""
+
+    step_s: float = 0.005
+    token_s: float = 40e-6
+
+    def step(self, tokens: int) -> float:
+        return self.step_s + self.token_s * tokens
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One way of managing the same KV bytes. ``kind``: arena | split | atom | oracle."""
+
+    name: str
+    kind: str
+    swa_share: float = 0.0
+    full_retain: bool = False
+    retention_interval: int = 0
+
+
+ARENA = Policy("arena", "arena")
+ARENA_POLICIES = (ARENA, Policy("arena+retain", "arena", full_retain=True),
+                  Policy("arena+interval", "arena", full_retain=True, retention_interval=32768))
+OTHER_POLICIES = (Policy("atom-style", "atom"), Policy("atom-style+retain", "atom", full_retain=True),
+                  Policy("oracle", "oracle"), Policy("oracle+retain", "oracle", full_retain=True))
+
+
+def fixed(share: float, retain: bool = False) -> Policy:
+    """The fixed split at SWA byte share ``share`` (``retain``: with ATOM_SWA_FULL_RETAIN semantics)."""
+    return Policy(f"fixed-{share:g}" + ("+retain" if retain else ""), "split", swa_share=share, full_retain=retain)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Geometry and limits shared by every policy of a run."""
+
+    preset: str = "deepseek_v4_flash"
+    budget_bytes: int = 40 * 2**30
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    max_model_len: int = MAX_MODEL_LEN
+    cost: CostModel = field(default_factory=CostModel)
+    prefix_caching: bool = True
+    check_every: int = 0  # run the control plane's integrity checks every N steps (0 = never)
+
+
+@dataclass
+class RunResult:
+    """What one (trace, policy) run measured."""
+
+    policy: str
+    served_tokens: int = 0
+    modelled_s: float = 0.0
+    wall_s: float = 0.0
+    steps: int = 0
+    finished: int = 0
+    aborted: int = 0
+    max_running: int = 0
+    mean_running: float = 0.0
+    preemptions: int = 0
+    hit_tokens: int = 0
+    prompt_tokens: int = 0
+    hits_by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [reused, prompt]
+    counters: dict[str, int] = field(default_factory=dict)
+    util_mean: float = 0.0
+    util_load: float = math.nan  # mean over steps that left a request waiting
+    load_s: float = 0.0
+    util_pressure: float = math.nan  # mean over steps that evicted a cached block or preempted
+    pressure_s: float = 0.0
+    evictions: int = 0
+    speed_model_s: float = 0.0  # modelled seconds of steps with max_num_seqs running
+    speed_wall_s: float = 0.0
+    series: list[tuple[float, int, int]] = field(default_factory=list)  # (t, swa bytes, compressed bytes)
+
+    @property
+    def throughput(self) -> float:
+        return self.served_tokens / self.modelled_s if self.modelled_s else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def kind_hit_rate(self, kind: str) -> float:
+        reused, prompt = self.hits_by_kind.get(kind, (0, 0))
+        return reused / prompt if prompt else 0.0
+
+
+def load_spec(preset: str) -> Dsv4KvSpec:
+    return Dsv4KvSpec.from_hf_config(load_hf_config(preset_path(preset)))
+
+
+def base_layout(cfg: SimConfig) -> KvLayout:
+    return plan_kv_layout(load_spec(cfg.preset), cfg.budget_bytes, cfg.max_num_seqs, cfg.max_model_len)
+
+
+def build_block_manager(policy: Policy, layout: KvLayout, cfg: SimConfig) -> BlockManager:
+    """The real block manager over the arena ``policy`` names, with its flags as CacheConfig fields."""
+    cache = CacheConfig(kv_cache_bytes=cfg.budget_bytes, max_model_len=cfg.max_model_len,
+                        max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.prefix_caching,
+                        swa_full_retain=policy.full_retain, swa_retention_interval=policy.retention_interval)
+    if policy.kind == "arena":
+        return BlockManager(layout, cache)
+    if policy.kind == "atom":
+        atom = atom_style_layout(layout)
+        return BlockManager(atom, cache)
+    if policy.kind == "split":
+        lay, arena = split_arena(layout, policy.swa_share)
+        return BlockManager(lay, cache, arena=arena)
+    if policy.kind == "oracle":
+        lay, arena = oracle_arena(layout)
+        return BlockManager(lay, cache, arena=arena)
+    raise ValueError(f"unknown policy kind {policy.kind!r}")
+
+
+def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: KvLayout | None = None,
+              series_points: int = 600) -> RunResult:
+    """Run ``sessions`` to completion under ``policy``; deterministic in its inputs.
+
+    A session's next turn is queued ``think_s`` modelled seconds after its previous turn finished,
+    with prompt = that turn's final token ids + the new segments. A turn the scheduler aborts ends
+    its session.
+    """
+    layout = layout or base_layout(cfg)
+    bm = build_block_manager(policy, layout, cfg)
+    sched = Scheduler(SchedulerConfig(cfg.max_batched_tokens, cfg.max_num_seqs, cfg.max_model_len), bm, None)
+    runner = FakeRunner(vocab_size=VOCAB)
+    usable, cost = usable_bytes(layout), exact_page_bytes(layout)
+    by_sid = {s.sid: s for s in sessions}
+    pending: list[tuple[float, int, int]] = [(s.arrival, request_id(s.sid, 0), s.sid) for s in sessions]
+    heapq.heapify(pending)
+    live: dict[int, tuple[Sequence, int, int]] = {}  # rid -> (seq, sid, turn)
+    seen: set[int] = set()
+    res = RunResult(policy.name)
+    t, run_area, util_area, util_load_area, util_pressure_area = 0.0, 0.0, 0.0, 0.0, 0.0
+    raw_series: list[tuple[float, int, int]] = []
+    wall0 = time.perf_counter()
+    while pending or sched.has_unfinished():
+        while pending and pending[0][0] <= t:
+            _, rid, sid = heapq.heappop(pending)
+            turn_idx = rid - request_id(sid, 0)
+            turn = by_sid[sid].turns[turn_idx]
+            prev = live.pop(request_id(sid, turn_idx - 1), None) if turn_idx else None
+            tokens = first_prompt(turn) if prev is None else list(prev[0].token_ids)
+            if prev is not None:
+                for seg in turn.new:
+                    tokens.extend(segment_tokens(seg))
+            seq = Sequence(tokens, SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True),
+                           layout.spec.block_size, seq_id=rid, arrival=t)
+            sched.add(seq)
+            live[rid] = (seq, sid, turn_idx)
+        if not sched.has_unfinished():
+            t = pending[0][0]
+            continue
+        w0 = time.perf_counter()
+        pressure0 = bm.comp.num_evictions + bm.swa.pool.num_evictions + sched.num_preemptions
+        batch = sched.schedule()
+        if not batch.seqs:
+            if sched.running or not pending:
+                raise RuntimeError(f"{policy.name}: a step scheduled nothing with {len(sched.running)} "
+                                   f"running and {len(sched.waiting)} waiting")
+            t = max(t, pending[0][0])
+            continue
+        results = sched.postprocess(batch, runner.execute(batch))
+        wall_step = time.perf_counter() - w0
+        dt = cfg.cost.step(batch.num_tokens)
+        running = len(batch.seqs)
+        for new in batch.new_tables:
+            if new.seq_id not in seen:
+                seen.add(new.seq_id)
+                seq, sid, _ = live[new.seq_id]
+                kind = by_sid[sid].kind
+                acc = res.hits_by_kind.setdefault(kind, [0, 0])
+                acc[0] += seq.stats.reused
+                acc[1] += seq.stats.prompt_tokens
+        t += dt
+        res.steps += 1
+        res.max_running = max(res.max_running, running)
+        run_area += running * dt
+        used_swa = bm.arena.num_used(SWA) * cost[SWA]
+        used_comp = bm.arena.num_used(COMPRESS) * cost[COMPRESS]
+        util = (used_swa + used_comp) / usable
+        util_area += util * dt
+        if sched.waiting:
+            util_load_area += util * dt
+            res.load_s += dt
+        if bm.comp.num_evictions + bm.swa.pool.num_evictions + sched.num_preemptions > pressure0:
+            util_pressure_area += util * dt
+            res.pressure_s += dt
+        if running == cfg.max_num_seqs:
+            res.speed_model_s += dt
+            res.speed_wall_s += wall_step
+        raw_series.append((t, used_swa, used_comp))
+        if cfg.check_every and res.steps % cfg.check_every == 0:
+            sched.check_integrity()
+        for r in results:
+            if not r.finished:
+                continue
+            seq, sid, turn_idx = live[r.seq.seq_id]
+            res.finished += 1
+            res.served_tokens += len(seq.token_ids)
+            res.modelled_s = t
+            sess = by_sid[sid]
+            if turn_idx + 1 < len(sess.turns):
+                nxt = request_id(sid, turn_idx + 1)
+                heapq.heappush(pending, (t + sess.turns[turn_idx + 1].think_s, nxt, sid))
+            else:
+                live.pop(r.seq.seq_id)
+        for rid in [rid for rid, (s, _, _) in live.items() if s.status is SequenceStatus.FINISHED_ABORTED]:
+            res.aborted += 1
+            live.pop(rid)
+    res.wall_s = time.perf_counter() - wall0
+    total_t = max(t, 1e-12)
+    res.mean_running = run_area / total_t
+    res.util_mean = util_area / total_t
+    res.util_load = util_load_area / res.load_s if res.load_s else math.nan
+    res.util_pressure = util_pressure_area / res.pressure_s if res.pressure_s else math.nan
+    res.preemptions = sched.num_preemptions
+    res.hit_tokens = sum(a[0] for a in res.hits_by_kind.values())
+    res.prompt_tokens = sum(a[1] for a in res.hits_by_kind.values())
+    c = bm.counters
+    res.counters = {"queries": c.queries, "hits": c.hits, "lost_evicted": c.lost_to_evicted_kv,
+                    "lost_swa": c.lost_to_swa_window, "lost_csa": c.lost_to_csa_state}
+    res.evictions = bm.comp.num_evictions + bm.swa.pool.num_evictions
+    stride = max(1, len(raw_series) // series_points)
+    res.series = raw_series[::stride]
+    return res
+
+
+# ---- the comparison run ----------------------------------------------------------------------
+@dataclass
+class WorkloadReport:
+    """All policies on one (geometry, workload) trace; the fixed split's best shares per flag family."""
+
+    geometry: str
+    workload: str
+    results: dict[str, RunResult]
+    best_share: dict[bool, float]  # retain? -> best SWA share of the sweep
+
+    def best_fixed(self, retain: bool = False) -> RunResult:
+        return self.results[fixed(self.best_share[retain], retain).name]
+
+    def vs_best_fixed(self, name: str) -> float:
+        retain = name.endswith(("+retain", "+interval"))
+        return self.results[name].throughput / self.best_fixed(retain).throughput
+
+
+def compare(geometry: str, workload: str, sessions: Seq[Session], cfg: SimConfig, shares: Seq[float],
+            log: Callable[[str], None] = print) -> WorkloadReport:
+    """Every policy on one trace; the fixed split is swept over ``shares`` with default flags and with
+    full retain, and the best share (highest throughput, then the smaller share) is kept for each."""
+    layout = base_layout(cfg)
+    policies = [*ARENA_POLICIES, *(fixed(s, r) for r in (False, True) for s in shares), *OTHER_POLICIES]
+    results = {}
+    for i, pol in enumerate(policies):
+        r = run_trace(sessions, pol, cfg, layout)
+        results[pol.name] = r
+        log(f"  [{geometry} {workload}] {i + 1}/{len(policies)} {pol.name}: {r.steps} steps, "
+            f"{r.modelled_s:.1f} modelled s in {r.wall_s:.1f} wall s, {r.throughput:,.0f} tok/s")
+    best = {r: max(shares, key=lambda s: (results[fixed(s, r).name].throughput, -s)) for r in (False, True)}
+    return WorkloadReport(geometry, workload, results, best)
+
+
+def _fmt(x: float, spec: str = ".3f") -> str:
+    return "n/a" if math.isnan(x) else format(x, spec)
+
+
+def format_table(rep: WorkloadReport, shares: Seq[float]) -> str:
+    sweep = "; ".join(("retain " if r else "default ") + ", ".join(
+        f"{s:g}: {rep.results[fixed(s, r).name].throughput:,.0f}" for s in shares) for r in (False, True))
+    lines = [f"## {rep.geometry} / {rep.workload} (fixed-split sweep, tok/s: {sweep})",
+             "| policy | max run | mean run | tok/s | vs best fixed | preempt | hit rate | lost evicted | "
+             "lost SWA | lost CSA | evictions | util mean | util pressure (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    names = [p.name for p in ARENA_POLICIES]
+    for retain in (False, True):
+        names += [fixed(0.1, retain).name, fixed(0.2, retain).name, rep.best_fixed(retain).policy]
+    names += [p.name for p in OTHER_POLICIES]
+    for name in dict.fromkeys(n for n in names if n in rep.results):
+        r, c = rep.results[name], rep.results[name].counters
+        best = name in (rep.best_fixed(False).policy, rep.best_fixed(True).policy)
+        lines.append(f"| {name}{' (best)' if best else ''} | {r.max_running} | {r.mean_running:.1f} | "
+                     f"{r.throughput:,.0f} | {rep.vs_best_fixed(name):.3f} | {r.preemptions} | {r.hit_rate:.3f} | "
+                     f"{c['lost_evicted']:,} | {c['lost_swa']:,} | {c['lost_csa']:,} | {r.evictions:,} | "
+                     f"{r.util_mean:.3f} | {_fmt(r.util_pressure)} ({r.pressure_s:.0f}) |")
+    return "\n".join(lines)
+
+
+def plot(reports: list[WorkloadReport], path: str) -> None:
+    """Occupancy per owner over time (mix workload, first geometry) and throughput per policy."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    focus = next((r for r in reports if r.workload == "mix"), reports[0])
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(13, 10))
+    shown = ("arena", "arena+retain", focus.best_fixed(True).policy, "oracle+retain")
+    for name, style in zip(shown, ("-", "--", ":", "-.")):
+        r = focus.results[name]
+        ts = [p[0] for p in r.series]
+        ax1.plot(ts, [p[1] / 2**30 for p in r.series], style, color="tab:blue", label=f"{name}: SWA")
+        ax1.plot(ts, [p[2] / 2**30 for p in r.series], style, color="tab:orange", label=f"{name}: compressed")
+    ax1.set_xlabel("modelled seconds")
+    ax1.set_ylabel("GiB holding live or cached KV")
+    ax1.set_title(f"Occupancy per owner over time: {focus.geometry} / {focus.workload}")
+    ax1.legend(fontsize=7, ncol=4)
+    names = [n for n in reports[0].results if not n.startswith("fixed-")] + ["best fixed", "best fixed+retain"]
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        vals = [(r.best_fixed(name.endswith("+retain")) if name.startswith("best") else r.results[name]).throughput
+                / r.best_fixed(False).throughput for r in reports]
+        ax2.bar([k + i * width for k in range(len(reports))], vals, width, label=name)
+    ax2.set_xticks([k + 0.4 - width / 2 for k in range(len(reports))])
+    ax2.set_xticklabels([f"{r.geometry}\n{r.workload}" for r in reports], fontsize=8)
+    ax2.axhline(1.0, color="black", linewidth=0.5)
+    ax2.set_ylabel("throughput / best fixed split (default flags)")
+    ax2.legend(fontsize=7, ncol=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_line(reports: list[WorkloadReport]) -> str:
+    """``throughput_vs_best_fixed_min=.. hit_rate_agentic=.. utilisation_mean=..`` (see the module doc)."""
+    ratios = [rep.vs_best_fixed("arena") for rep in reports]
+    agentic = [rep.results["arena"].kind_hit_rate("agentic") for rep in reports if rep.workload == "agentic"]
+    agentic = agentic or [rep.results["arena"].kind_hit_rate("agentic") for rep in reports
+                          if "agentic" in rep.results["arena"].hits_by_kind]
+    press = [rep.results["arena"] for rep in reports]
+    secs = sum(r.pressure_s for r in press)
+    util = sum(r.util_pressure * r.pressure_s for r in press if r.pressure_s) / secs if secs else math.nan
+    return (f"throughput_vs_best_fixed_min={min(ratios):.4f} hit_rate_agentic={min(agentic, default=math.nan):.4f} "
+            f"utilisation_mean={util:.4f}")
+
+
+def _number(kind: type, upper: float | None = None) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not value > 0 or (upper is not None and not value < upper):
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0" + (f" and < {upper}" if upper else ""))
+        return value
+    return parse
+
+
+def main(argv: Seq[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m atom.bench.simulate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small smoke run (flash, scale 0.08, shares 0.1 0.2)")
+    ap.add_argument("--geometries", nargs="+", choices=sorted(GEOMETRIES), default=None)
+    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=None)
+    ap.add_argument("--scale", type=_number(float), default=None, help="x the default session counts (1)")
+    ap.add_argument("--rate-scale", type=_number(float), default=1.0, help="x the default arrival rates (1)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budget-gib", type=_number(float), default=40.0, help="KV budget per GPU (default 40)")
+    ap.add_argument("--max-num-seqs", type=_number(int), default=256)
+    ap.add_argument("--max-batched-tokens", type=_number(int), default=8192)
+    ap.add_argument("--shares", type=_number(float, 1.0), nargs="+", default=None,
+                    help="SWA byte shares swept for the fixed split (default 0.05 0.1 0.2 0.3 0.5)")
+    ap.add_argument("--step-ms", type=_number(float), default=5.0, help="modelled fixed cost per step (5)")
+    ap.add_argument("--token-us", type=_number(float), default=40.0, help="modelled cost per token processed (40)")
+    ap.add_argument("--plot", default=None, help="PNG path (default: <tmpdir>/atom_simulate.png)")
+    args = ap.parse_args(argv)
+    geometries = args.geometries or (["flash"] if args.quick else ["flash", "pro"])
+    workloads = args.workloads or list(WORKLOADS)
+    scale = args.scale or (0.08 if args.quick else 1.0)
+    shares = sorted(set(args.shares or ((0.1, 0.2) if args.quick else (0.05, 0.1, 0.2, 0.3, 0.5))))
+    plot_path = args.plot or os.path.join(tempfile.gettempdir(), "atom_simulate.png")
+    cost = CostModel(args.step_ms / 1e3, args.token_us / 1e6)
+    wall0 = time.perf_counter()
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    reports = []
+    for geo in geometries:
+        cfg = SimConfig(GEOMETRIES[geo], int(args.budget_gib * 2**30), args.max_num_seqs,
+                        args.max_batched_tokens, cost=cost)
+        try:
+            base_layout(cfg)
+        except ValueError as e:
+            ap.error(f"--budget-gib {args.budget_gib} with {geo}: {e}")
+        for wl in workloads:
+            sessions = build_trace(wl, scale, args.seed, args.rate_scale)
+            log(f"[{time.perf_counter() - wall0:6.1f}s] {geo} {wl}: {len(sessions)} sessions")
+            rep = compare(geo, wl, sessions, cfg, shares, log)
+            reports.append(rep)
+            print(format_table(rep, shares) + "\n", flush=True)
+    plot(reports, plot_path)
+    speed_m = sum(r.speed_model_s for rep in reports for r in rep.results.values())
+    speed_w = sum(r.speed_wall_s for rep in reports for r in rep.results.values())
+    speed = f"{speed_m / speed_w:.1f}" if speed_w else f"n/a (no step ran {args.max_num_seqs} requests)"
+    print(f"plot: {plot_path}")
+    print(f"simulator speed at {args.max_num_seqs} running requests: {speed} modelled s per wall s "
+          f"({speed_m:.1f} modelled s in {speed_w:.1f} wall s); whole run {time.perf_counter() - wall0:.1f} wall s")
+    print(summary_line(reports))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
