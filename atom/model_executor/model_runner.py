@@ -45,8 +45,6 @@ class ModelRunner:
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         self.tables.apply(batch)
-        for sid in batch.released_ids:
-            self.sampler.forget(sid)
         if not batch.seqs:
             return RunnerOutput({})
         step = build_step_inputs(batch)
@@ -57,7 +55,7 @@ class ModelRunner:
             if self.keep_logits:
                 self.last_logits[item.seq_id] = logits[lo:hi].clone()
             if item.sample:
-                sampled[item.seq_id] = self.sampler.sample(item.seq_id, logits[hi - 1], item.params)
+                sampled[item.seq_id] = self.sampler.sample(logits[hi - 1], item.params, item.start_pos + item.num_tokens)
         return RunnerOutput(sampled)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:

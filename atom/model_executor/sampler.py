@@ -1,7 +1,8 @@
 """Sampling the next token from logits: greedy, temperature, top-k, top-p, reproducible with a seed.
 
-A request with a ``seed`` gets its own generator (seeded once, advanced by each of its samples), so
-the same seed gives the same tokens whatever else runs in the batch. Requests without one share the
+A request with a ``seed`` draws each token from a generator seeded by ``(seed, position)``, so the
+same seed gives the same tokens whatever else runs in the batch, and a request preempted and
+recomputed continues exactly as if it had never been interrupted. Requests without a seed share the
 engine's generator.
 """
 
@@ -17,25 +18,18 @@ __all__ = ["Sampler"]
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self._shared = torch.Generator().manual_seed(seed)
-        self._per_request: dict[int, torch.Generator] = {}
 
-    def forget(self, seq_id: int) -> None:
-        self._per_request.pop(seq_id, None)
-
-    def sample(self, seq_id: int, logits: torch.Tensor, params: SamplingParams) -> int:
-        """One token from fp32 ``logits [vocab]``."""
+    def sample(self, logits: torch.Tensor, params: SamplingParams, position: int) -> int:
+        """One token from fp32 ``logits [vocab]`` for the token at ``position`` of its request."""
         if params.greedy:
             return int(torch.argmax(logits))
         probs = self._filtered_probs(logits.float() / params.temperature, params)
-        return int(torch.multinomial(probs, 1, generator=self._generator(seq_id, params)))
+        return int(torch.multinomial(probs, 1, generator=self._generator(params, position)))
 
-    def _generator(self, seq_id: int, params: SamplingParams) -> torch.Generator:
+    def _generator(self, params: SamplingParams, position: int) -> torch.Generator:
         if params.seed is None:
             return self._shared
-        gen = self._per_request.get(seq_id)
-        if gen is None:
-            gen = self._per_request[seq_id] = torch.Generator().manual_seed(params.seed)
-        return gen
+        return torch.Generator().manual_seed((params.seed * 1_000_003 + position) % (1 << 63))
 
     @staticmethod
     def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -38,6 +38,16 @@ def test_the_same_seed_gives_the_same_tokens_and_another_seed_does_not(make_engi
     assert sample(1) != sample(2)
 
 
+def test_a_seeded_request_preempted_midway_samples_the_same_tokens(make_engine):
+    params = SamplingParams(max_tokens=40, temperature=1.0, seed=7, ignore_eos=True)
+    prompts = [[(13 * i + n) % 500 + 1 for i in range(60)] for n in range(6)]
+    calm = make_engine(budget=64).generate(prompts, params, use_tqdm=False)
+    tight = make_engine(budget=64, num_chunks=4)
+    squeezed = tight.generate(prompts, params, use_tqdm=False)
+    assert tight.scheduler.num_preemptions > 0
+    assert [o.output_token_ids for o in squeezed] == [o.output_token_ids for o in calm]
+
+
 def test_stop_strings_cut_the_text_and_finish_the_request(make_engine):
     engine = make_engine(budget=64)
     free = engine.generate(["stop test"], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
@@ -78,7 +88,7 @@ def test_stats_report_prefix_reuse_and_tokens(make_engine):
 def test_top_k_one_is_greedy_and_top_p_keeps_only_the_nucleus():
     sampler = Sampler(seed=0)
     logits = torch.tensor([0.0, 3.0, 1.0, 2.9])
-    assert all(sampler.sample(0, logits, SamplingParams(temperature=1.0, top_k=1)) == 1 for _ in range(5))
+    assert all(sampler.sample(logits, SamplingParams(temperature=1.0, top_k=1), i) == 1 for i in range(5))
     probs = Sampler._filtered_probs(logits, SamplingParams(temperature=1.0, top_p=0.5))
     assert probs.nonzero().flatten().tolist() == [1, 3]
     assert torch.isclose(probs.sum(), torch.tensor(1.0))
