@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import threading
 import traceback
@@ -62,7 +63,10 @@ class RequestGroup:
 
     def put(self, item: Any) -> None:
         """Thread-safe: called from the engine thread with an output or an exception."""
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
 
     async def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> None:
         if self._engine.dead_reason is not None:
@@ -156,12 +160,20 @@ class AsyncEngine:
 
     async def call(self, fn: Callable[["LLMEngine"], Any]) -> Any:
         """Run ``fn(engine)`` on the engine thread between steps and return its result."""
+        return await asyncio.wrap_future(self.submit_call(fn))
+
+    def call_sync(self, fn: Callable[["LLMEngine"], Any], timeout: float = 30.0) -> Any:
+        """Blocking :meth:`call` for other threads (tests, tools); never from the engine thread."""
+        assert threading.current_thread() is not self._thread, "call_sync from the engine thread deadlocks"
+        return self.submit_call(fn).result(timeout)
+
+    def submit_call(self, fn: Callable[["LLMEngine"], Any]) -> "concurrent.futures.Future[Any]":
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if not self.healthy:
-            raise EngineDeadError(self.dead_reason or "engine thread is not running")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._send("call", fn, fut)
-        return await fut
+            fut.set_exception(EngineDeadError(self.dead_reason or "engine thread is not running"))
+        else:
+            self._send("call", fn, fut)
+        return fut
 
     # ---- engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -206,9 +218,9 @@ class AsyncEngine:
         elif kind == "call":
             _, fn, fut = cmd
             try:
-                _resolve(fut, None, fn(self.engine))
+                fut.set_result(fn(self.engine))
             except Exception as exc:
-                _resolve(fut, exc)
+                fut.set_exception(exc)
 
     def _step(self) -> None:
         try:
@@ -250,7 +262,7 @@ class AsyncEngine:
             if cmd[0] == "add":
                 _resolve(cmd[5], EngineDeadError(reason))
             elif cmd[0] == "call":
-                _resolve(cmd[2], EngineDeadError(reason))
+                cmd[2].set_exception(EngineDeadError(reason))
 
 
 def _resolve(fut: "asyncio.Future[Any]", exc: BaseException | None, result: Any = None) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 from atom.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestGroup
 from atom.entrypoints.metrics import ServerMetrics
 from atom.entrypoints.protocol import (MAX_N, ApiError, ChatCompletionRequest, CompletionRequest,
-                                       _SamplingFields, usage_dict)
+                                       _SamplingFields, error_body, usage_dict)
 from atom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ class _ChoiceState:
     finish_reason: str | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    error: str | None = None
 
 
 class OpenAIServing:
@@ -133,7 +134,7 @@ class OpenAIServing:
             raise ApiError(400, str(exc), param=param) from None
 
     def _check_token_ids(self, prompts: list[list[int]]) -> None:
-        vocab = int(getattr(self.engine.engine, "vocab_size", 0) or self.tokenizer.vocab_size)
+        vocab = self.tokenizer.vocab_size
         for p in prompts:
             bad = [t for t in p if not 0 <= t < vocab]
             if bad:
@@ -186,6 +187,7 @@ class OpenAIServing:
             st.last_token_at = now
         if out.finished:
             st.finish_reason = out.finish_reason
+            st.error = out.error
             self.metrics.observe_request(arrival, st.first_token_at, st.last_token_at, st.num_tokens,
                                          out.finish_reason)
 
@@ -202,6 +204,10 @@ class OpenAIServing:
                 self._update(states[index[out.request_id]], out, time.perf_counter(), arrival)
         except EngineDeadError as exc:
             raise ApiError(500, f"engine failed: {exc}", type="server_error", code="engine_dead") from None
+        failed = [s.error for s in states if s.error]
+        if failed:
+            raise ApiError(503, f"the engine could not serve this request: {failed[0]}", type="server_error",
+                           code="engine_capacity")
         render = _render_chat if prep.kind == "chat" else _render_completion
         choices = [render(i, s, prep) for i, s in enumerate(states)]
         return {"id": prep.request_id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
@@ -223,14 +229,18 @@ class OpenAIServing:
             async for out in group.outputs():
                 i = index[out.request_id]
                 self._update(states[i], out, time.perf_counter(), arrival)
-                if out.new_text or out.finished:
+                if out.error:
+                    yield _sse(error_body(f"the engine could not serve this request: {out.error}", "server_error",
+                                          None, "engine_capacity"))
+                    break
+                if out.new_token_ids or out.new_text or out.finished:
                     yield _sse(chunk([_stream_choice(prep, i, out.new_text, out.finish_reason if out.finished
                                                      else None)]))
-            if prep.include_usage:
-                yield _sse(chunk([], usage=self._usage(prep, states)))
+            else:
+                if prep.include_usage:
+                    yield _sse(chunk([], usage=self._usage(prep, states)))
         except EngineDeadError as exc:
-            yield _sse({"error": {"message": f"engine failed: {exc}", "type": "server_error", "param": None,
-                                  "code": "engine_dead"}})
+            yield _sse(error_body(f"engine failed: {exc}", "server_error", None, "engine_dead"))
         finally:
             group.abort()
         yield "data: [DONE]\n\n"
