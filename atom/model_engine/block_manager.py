@@ -12,7 +12,8 @@ compressor-state slots. Per request it
 
 Making room (``_make_room``): for an owner that is short of pages, first evict its own least
 recently used cached block (chunk-aware); if it has none, reclaim a whole chunk from the other
-owner's cache; if neither is possible, raise :class:`ArenaEmpty` (the scheduler preempts or waits).
+owner's cache; then release the least recently used retention pin (so pins never starve live
+requests); if nothing is left, raise :class:`ArenaEmpty` (the scheduler preempts or waits).
 Nothing is evicted unless it helps: a chunk is reclaimed only when every used page of it is cached,
 and only from an arena that lends between owners. (``arena`` may be injected: the trace simulator
 runs the same block manager over a fixed split or an ATOM-style arena to compare them.)
@@ -161,7 +162,9 @@ class BlockManager:
             if any(pools[o].evict_lru() for o in short):
                 continue
             lenders = pools.values() if self.arena.lends_between_owners else ()
-            if not any(pool.reclaim_chunk() for pool in lenders):
+            if any(pool.reclaim_chunk() for pool in lenders):
+                continue
+            if not self.swa.release_oldest_pin():
                 raise ArenaEmpty(f"no room for {swa} SWA + {comp} compressed pages and nothing evictable")
 
     # ---- after a step -------------------------------------------------------------------------

@@ -164,6 +164,13 @@ class SlidingWindowPool:
         self.pool.blocks[bid].pinned = False
         self.pool.release(bid, keep=True)
 
+    def release_oldest_pin(self) -> bool:
+        """Release the least recently used pin (its block becomes ordinary cache). False if none."""
+        if not self._pins:
+            return False
+        self._unpin(next(iter(self._pins)))
+        return True
+
     def unpin_hash(self, block_hash: int) -> None:
         """The compressed block with this hash was evicted: its SWA checkpoint is unreachable."""
         bid = self.pool._hash_to_id.get(block_hash)
