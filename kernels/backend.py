@@ -1,7 +1,7 @@
 """The one place that chooses which kernel implementation runs.
 
 Choice (``resolve_backend``), from an explicit override or else ``ATOM_KERNEL_BACKEND`` (read through
-:mod:`atom.envs`, never ``os.environ``):
+:mod:`atom.envs`, never the process environment directly):
 
 * ``auto``: ``aiter`` when ``import aiter`` works (ROCm), else ``triton`` when triton is installed
   and a GPU is visible, else ``torch`` (the references; the CPU default).

@@ -11,13 +11,13 @@ from array import array
 from dataclasses import dataclass
 from typing import Sequence
 
-import xxhash
-
 __all__ = ["Block", "hash_block", "chain_hashes"]
 
 
 def hash_block(prev_hash: int | None, token_ids: Sequence[int]) -> int:
     """xxhash64 of (previous block's hash, this block's token ids)."""
+    import xxhash  # a declared dependency; imported here so the control plane imports on the stdlib alone
+
     h = xxhash.xxh64()
     if prev_hash is not None:
         h.update(prev_hash.to_bytes(8, "little"))
