@@ -22,14 +22,19 @@ pool (:func:`usable_bytes`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from atom.bench.capacity import atom_style_chunks
+from atom.config import CacheConfig
+from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
 from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.unified_kv_arena import COMPRESS, OWNERS, SWA
 
-__all__ = ["PoolSizedLayout", "SplitKvArena", "OracleKvArena", "atom_style_layout", "split_arena",
+if TYPE_CHECKING:
+    from atom.bench.simulate import SimConfig
+
+__all__ = ["Policy", "ARENA", "ARENA_POLICIES", "OTHER_POLICIES", "fixed", "build_block_manager", "PoolSizedLayout", "SplitKvArena", "OracleKvArena", "atom_style_layout", "split_arena",
            "oracle_arena", "usable_bytes", "exact_page_bytes"]
 
 
@@ -279,3 +284,46 @@ def atom_style_layout(layout: KvLayout) -> KvLayout:
     usable = usable_bytes(layout)
     chunks, k = atom_style_chunks(layout.spec, usable)
     return KvLayout(layout.spec, layout.kv_cache_bytes, layout.max_live_requests, 1, k, usable // chunks, chunks)
+
+
+# ---- policies: which arena (and which retention flags) the block manager runs over ----------
+@dataclass(frozen=True)
+class Policy:
+    """One way of managing the same KV bytes. ``kind``: arena | split | atom | oracle."""
+
+    name: str
+    kind: str
+    swa_share: float = 0.0
+    full_retain: bool = False
+    retention_interval: int = 0
+
+
+ARENA = Policy("arena", "arena")
+ARENA_POLICIES = (ARENA, Policy("arena+retain", "arena", full_retain=True),
+                  Policy("arena+interval", "arena", full_retain=True, retention_interval=32768))
+OTHER_POLICIES = (Policy("atom-style", "atom"), Policy("atom-style+retain", "atom", full_retain=True),
+                  Policy("oracle", "oracle"), Policy("oracle+retain", "oracle", full_retain=True))
+
+
+def fixed(share: float, retain: bool = False) -> Policy:
+    """The fixed split at SWA byte share ``share`` (``retain``: with ATOM_SWA_FULL_RETAIN semantics)."""
+    return Policy(f"fixed-{share:g}" + ("+retain" if retain else ""), "split", swa_share=share, full_retain=retain)
+
+
+def build_block_manager(policy: Policy, layout: KvLayout, cfg: "SimConfig") -> BlockManager:
+    """The real block manager over the arena ``policy`` names, with its flags as CacheConfig fields."""
+    cache = CacheConfig(kv_cache_bytes=cfg.budget_bytes, max_model_len=cfg.max_model_len,
+                        max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.prefix_caching,
+                        swa_full_retain=policy.full_retain, swa_retention_interval=policy.retention_interval)
+    if policy.kind == "arena":
+        return BlockManager(layout, cache)
+    if policy.kind == "atom":
+        atom = atom_style_layout(layout)
+        return BlockManager(atom, cache)
+    if policy.kind == "split":
+        lay, arena = split_arena(layout, policy.swa_share)
+        return BlockManager(lay, cache, arena=arena)
+    if policy.kind == "oracle":
+        lay, arena = oracle_arena(layout)
+        return BlockManager(lay, cache, arena=arena)
+    raise ValueError(f"unknown policy kind {policy.kind!r}")

@@ -35,10 +35,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence as Seq
 
-from atom.bench.sim_arenas import atom_style_layout, exact_page_bytes, oracle_arena, split_arena, usable_bytes
+from atom.bench.sim_arenas import (ARENA, ARENA_POLICIES, OTHER_POLICIES, Policy, build_block_manager,
+                                   exact_page_bytes, fixed, usable_bytes)
 from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, first_prompt, request_id, segment_tokens
-from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
-from atom.model_engine.block_manager import BlockManager
+from atom.config import Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
 from atom.model_engine.fake_runner import FakeRunner
 from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 from atom.model_engine.scheduler import Scheduler
@@ -59,29 +59,6 @@ class CostModel:
 
     def step(self, tokens: int) -> float:
         return self.step_s + self.token_s * tokens
-
-
-@dataclass(frozen=True)
-class Policy:
-    """One way of managing the same KV bytes. ``kind``: arena | split | atom | oracle."""
-
-    name: str
-    kind: str
-    swa_share: float = 0.0
-    full_retain: bool = False
-    retention_interval: int = 0
-
-
-ARENA = Policy("arena", "arena")
-ARENA_POLICIES = (ARENA, Policy("arena+retain", "arena", full_retain=True),
-                  Policy("arena+interval", "arena", full_retain=True, retention_interval=32768))
-OTHER_POLICIES = (Policy("atom-style", "atom"), Policy("atom-style+retain", "atom", full_retain=True),
-                  Policy("oracle", "oracle"), Policy("oracle+retain", "oracle", full_retain=True))
-
-
-def fixed(share: float, retain: bool = False) -> Policy:
-    """The fixed split at SWA byte share ``share`` (``retain``: with ATOM_SWA_FULL_RETAIN semantics)."""
-    return Policy(f"fixed-{share:g}" + ("+retain" if retain else ""), "split", swa_share=share, full_retain=retain)
 
 
 @dataclass(frozen=True)
@@ -145,25 +122,6 @@ def load_spec(preset: str) -> Dsv4KvSpec:
 
 def base_layout(cfg: SimConfig) -> KvLayout:
     return plan_kv_layout(load_spec(cfg.preset), cfg.budget_bytes, cfg.max_num_seqs, cfg.max_model_len)
-
-
-def build_block_manager(policy: Policy, layout: KvLayout, cfg: SimConfig) -> BlockManager:
-    """The real block manager over the arena ``policy`` names, with its flags as CacheConfig fields."""
-    cache = CacheConfig(kv_cache_bytes=cfg.budget_bytes, max_model_len=cfg.max_model_len,
-                        max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.prefix_caching,
-                        swa_full_retain=policy.full_retain, swa_retention_interval=policy.retention_interval)
-    if policy.kind == "arena":
-        return BlockManager(layout, cache)
-    if policy.kind == "atom":
-        atom = atom_style_layout(layout)
-        return BlockManager(atom, cache)
-    if policy.kind == "split":
-        lay, arena = split_arena(layout, policy.swa_share)
-        return BlockManager(lay, cache, arena=arena)
-    if policy.kind == "oracle":
-        lay, arena = oracle_arena(layout)
-        return BlockManager(lay, cache, arena=arena)
-    raise ValueError(f"unknown policy kind {policy.kind!r}")
 
 
 def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: KvLayout | None = None,
