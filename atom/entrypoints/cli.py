@@ -26,12 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
                            epilog="Environment variables (read once at start-up):\n" + documentation(),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_serve_arguments(serve)
+    serve.set_defaults(command_parser=serve)
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     bench_serve = bench_sub.add_parser("serve", help="load-test a running atom server (loopback only)",
                                        description="Send a bounded synthetic load to a running server and report "
                                                    "throughput, TTFT / TPOT percentiles and the cached-token ratio.")
     add_bench_arguments(bench_serve)
+    bench_serve.set_defaults(command_parser=bench_serve)
     return parser
 
 
@@ -41,10 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from atom.entrypoints.launch import serve_from_args
 
-        return serve_from_args(parser, args)
+        return serve_from_args(args.command_parser, args)
     from atom.entrypoints.serve_bench import bench_from_args
 
-    return bench_from_args(parser, args)
+    return bench_from_args(args.command_parser, args)
 
 
 if __name__ == "__main__":

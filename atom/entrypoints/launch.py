@@ -83,9 +83,13 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     print(f"atom: loading {config.model or 'the built-in tiny DeepSeek-V4 model'} ...", file=sys.stderr, flush=True)
     try:
         engine = load_engine(config)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 2
     server = Server(build_app(engine, api_key=net.api_key), net)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: that is a clean stop
+        pass
+    print("atom: server stopped", file=sys.stderr, flush=True)
     return 0 if server.started else 1

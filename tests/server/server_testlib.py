@@ -1,0 +1,66 @@
+"""Helpers of the server tests: start a real server on a free loopback port.
+
+A server here is the real thing: ``LLMEngine.from_config`` + the FastAPI app + uvicorn, listening
+on a free loopback port in a thread of the test process (so tests can also reach the engine, e.g.
+to run its integrity check). Every server's teardown runs ``check_integrity`` on its engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import httpx
+
+from atom.builtin_model import BUILTIN_MODEL_NAME
+from atom.config import EngineConfig
+from atom.entrypoints.args import ServerArgs
+from atom.entrypoints.launch import Server, load_engine
+from atom.entrypoints.openai_server import build_app
+
+SMALL = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=512, kv_cache_memory=32 << 20)
+
+
+@dataclasses.dataclass
+class RunningServer:
+    url: str
+    engine: Any  # AsyncEngine
+    server: Server
+    thread: Any
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def client(self, **kw: Any):
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url, api_key=kw.pop("api_key", "unused"), max_retries=0,
+                             timeout=60, **kw)
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples as {'name{labels}': value}."""
+        text = httpx.get(f"{self.url}/metrics", timeout=30).text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def stop(self) -> None:
+        try:
+            self.engine.call_sync(lambda e: e.check_integrity())
+        finally:
+            self.server.stop(self.thread)
+
+
+def start_server(model_dir, *, api_key: str | None = None, max_body_bytes: int | None = None,
+                 **config: Any) -> RunningServer:
+    cfg = EngineConfig(model=str(model_dir), served_model_name=BUILTIN_MODEL_NAME, **{**SMALL, **config})
+    engine = load_engine(cfg)
+    kw = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
+    server = Server(build_app(engine, api_key=api_key, **kw), ServerArgs(port=0, log_level="warning"),
+                    announce=False)
+    thread = server.run_in_thread()
+    return RunningServer(server.url, engine, server, thread)
