@@ -127,9 +127,16 @@ class Tokenizer:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; ``add_special_tokens`` applies the tokenizer's post-processor (BOS)."""
+        """Token ids of ``text``; ``add_special_tokens`` applies the tokenizer's post-processor (BOS).
+
+        Raises ``ValueError`` for text that is not valid Unicode (a lone surrogate such as ``\\ud800``).
+        """
         if not isinstance(text, str):
             raise ValueError(f"encode needs a str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"text is not valid Unicode at position {exc.start}: {exc.reason}") from None
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -137,6 +137,8 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the JSON body must be an object, got {type(data).__name__}", code="invalid_json")
     try:

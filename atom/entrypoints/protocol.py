@@ -17,10 +17,12 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ApiError", "StreamOptions", "ChatMessage", "CompletionRequest", "ChatCompletionRequest",
-           "usage_dict", "error_body", "MAX_N"]
+           "usage_dict", "error_body", "MAX_N", "MAX_CHOICES"]
 
 #: Most choices one request may ask for (``n``).
 MAX_N = 64
+#: Most engine sequences one request may start (prompts x ``n``).
+MAX_CHOICES = 256
 
 
 class ApiError(Exception):

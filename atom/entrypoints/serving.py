@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from atom.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestGroup
 from atom.entrypoints.metrics import ServerMetrics
-from atom.entrypoints.protocol import (MAX_N, ApiError, ChatCompletionRequest, CompletionRequest,
+from atom.entrypoints.protocol import (MAX_CHOICES, MAX_N, ApiError, ChatCompletionRequest, CompletionRequest,
                                        _SamplingFields, error_body, usage_dict)
 from atom.sampling_params import SamplingParams
 
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from atom.model_engine.llm_engine import RequestOutput
 
 __all__ = ["OpenAIServing", "Prepared"]
+
+_MAX_SEED = 2**63 - 1 - MAX_N  # choice k runs with seed + k, which must stay a signed 64-bit integer
 
 
 @dataclass
@@ -76,7 +78,10 @@ class OpenAIServing:
         prompt = req.prompt
         if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
             texts = [prompt] if isinstance(prompt, str) else list(prompt)
-            prompts = [self.tokenizer.encode(t) for t in texts]
+            try:
+                prompts = [self.tokenizer.encode(t) for t in texts]
+            except ValueError as exc:
+                raise ApiError(400, f"prompt: {exc}", param="prompt") from None
         elif isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             prompts, texts = [list(prompt)], []
         else:
@@ -97,7 +102,10 @@ class OpenAIServing:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="messages") from None
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        try:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        except ValueError as exc:
+            raise ApiError(400, f"messages: {exc}", param="messages") from None
         if not ids:
             raise ApiError(400, "the rendered chat prompt is empty", param="messages")
         max_tokens = req.requested_max_tokens
@@ -111,10 +119,13 @@ class OpenAIServing:
                   max_tokens: int, echo: list[str]) -> Prepared:
         if not 1 <= req.n <= MAX_N:
             raise ApiError(400, f"n={req.n} must be between 1 and {MAX_N}", param="n")
+        if len(prompts) * req.n > MAX_CHOICES:
+            raise ApiError(400, f"{len(prompts)} prompts x n={req.n} is {len(prompts) * req.n} sequences; at most "
+                                f"{MAX_CHOICES} per request", param="prompt")
         if req.stream_options is not None and not req.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
-        if req.seed is not None and not 0 <= req.seed < 2**63:
-            raise ApiError(400, f"seed={req.seed} must be in [0, 2**63)", param="seed")
+        if req.seed is not None and not 0 <= req.seed <= _MAX_SEED:
+            raise ApiError(400, f"seed={req.seed} must be in [0, {_MAX_SEED}]", param="seed")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         params = [self._params(req, max_tokens, stop, k) for k in range(req.n)]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

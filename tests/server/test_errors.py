@@ -103,6 +103,22 @@ def test_empty_token_prompts_and_out_of_vocabulary_token_ids_are_400(server):
     assert_error(post(server, COMPLETIONS, {"model": MODEL, "prompt": [1, -3]}), 400, param="prompt")
 
 
+@pytest.mark.parametrize("content,param", [
+    (b'{"model": "atom-tiny-dsv4", "prompt": "\\ud800x"}', "prompt"),  # a lone surrogate is not text
+    (b'{"model": "atom-tiny-dsv4", "messages": [{"role": "user", "content": "\\udfff"}]}', "messages"),
+    (b'{"model": "atom-tiny-dsv4", "prompt": "x", "temperature": NaN}', "temperature"),
+    (b'{"model": "atom-tiny-dsv4", "prompt": "x", "top_p": Infinity}', "top_p"),
+    (b'{"model": "atom-tiny-dsv4", "prompt": "x", "stop": [""]}', "stop"),
+    (b'{"model": "atom-tiny-dsv4", "prompt": "x", "seed": 99999999999999999999999}', "seed"),
+    (b'{"model": "atom-tiny-dsv4", "prompt": ["a", "b", "c", "d", "e"], "n": 64}', "prompt"),
+    (b"[" * 30000 + b"]" * 30000, None),  # nested too deeply for the parser
+])
+def test_edge_case_inputs_are_400_not_500(server, content, param):
+    path = CHAT if b"messages" in content else COMPLETIONS
+    err = assert_error(post(server, path, content=content), 400)
+    assert err["param"] == param
+
+
 def test_stream_options_without_stream_is_400(server):
     body = {"model": MODEL, "prompt": "x", "stream_options": {"include_usage": True}}
     assert_error(post(server, COMPLETIONS, body), 400, param="stream_options")
