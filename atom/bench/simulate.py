@@ -12,15 +12,17 @@ runner call (one token per decoding request, prefill chunked by the token budget
     step_seconds = step_s + token_s * tokens_processed      (defaults 5 ms + 40 us per token)
 
 Throughput = tokens served (prompt + generated tokens of every finished request) / modelled seconds
-from 0 to the last completion. Utilisation at a step = (used pages x exact block bytes, both owners;
-cached blocks count) / usable bytes (the budget minus the live compressor-state pool, the same for every
-policy); "under load" = the steps after which at least one arrived request still waits. Hit rate =
-reused prompt tokens / prompt tokens, at each request's first admission.
+from 0 to the last completion. Utilisation at a step = (pages in use, live or cached, x their exact
+block bytes, both owners) / usable bytes (the budget minus the live compressor-state pool, the same
+for every policy); "under memory pressure" = the steps in which the block manager evicted a cached
+block or the scheduler preempted a request. Hit rate = reused prompt tokens / prompt tokens, counted
+at each request's first admission (``Sequence.stats``); the lost-token columns are ``bm.counters``.
 
 The last line is ``throughput_vs_best_fixed_min=<x> hit_rate_agentic=<y> utilisation_mean=<z>``:
 x = min over geometries and workloads of the arena's (default flags) throughput / the best fixed
-split's (default flags, best share of the sweep); y = the arena's agentic hit rate (min over
-geometries); z = the arena's mean utilisation under load on the mix workload (min over geometries).
+split's (default flags, best share of the sweep for that workload); y = the arena's (default flags)
+hit rate on the agentic workload (min over geometries); z = the time-weighted mean utilisation of
+the arena (all three flag settings pooled) over its steps under memory pressure (nan if none).
 """
 
 from __future__ import annotations
@@ -247,6 +249,7 @@ class WorkloadReport:
     workload: str
     results: dict[str, RunResult]
     best_share: dict[bool, float]  # retain? -> best SWA share of the sweep
+    usable_bytes: int
 
     def best_fixed(self, retain: bool = False) -> RunResult:
         return self.results[fixed(self.best_share[retain], retain).name]
@@ -269,7 +272,7 @@ def compare(geometry: str, workload: str, sessions: Seq[Session], cfg: SimConfig
         log(f"  [{geometry} {workload}] {i + 1}/{len(policies)} {pol.name}: {r.steps} steps, "
             f"{r.modelled_s:.1f} modelled s in {r.wall_s:.1f} wall s, {r.throughput:,.0f} tok/s")
     best = {r: max(shares, key=lambda s: (results[fixed(s, r).name].throughput, -s)) for r in (False, True)}
-    return WorkloadReport(geometry, workload, results, best)
+    return WorkloadReport(geometry, workload, results, best, usable_bytes(layout))
 
 
 def _fmt(x: float, spec: str = ".3f") -> str:
@@ -311,6 +314,7 @@ def plot(reports: list[WorkloadReport], path: str) -> None:
         ts = [p[0] for p in r.series]
         ax1.plot(ts, [p[1] / 2**30 for p in r.series], style, color="tab:blue", label=f"{name}: SWA")
         ax1.plot(ts, [p[2] / 2**30 for p in r.series], style, color="tab:orange", label=f"{name}: compressed")
+    ax1.axhline(focus.usable_bytes / 2**30, color="black", linewidth=0.5, label="usable bytes")
     ax1.set_xlabel("modelled seconds")
     ax1.set_ylabel("GiB holding live or cached KV")
     ax1.set_title(f"Occupancy per owner over time: {focus.geometry} / {focus.workload}")
@@ -331,13 +335,33 @@ def plot(reports: list[WorkloadReport], path: str) -> None:
     plt.close(fig)
 
 
+def single_share_table(reports: list[WorkloadReport], shares: Seq[float]) -> str:
+    """One fixed share per geometry and flag family for every workload (a deployment cannot re-split
+    per workload): the share with the least worst-case regret (throughput / that workload's best
+    share), and the arena's throughput against it."""
+    lines = ["## One fixed share for all workloads (least worst-case regret over the sweep)",
+             "| geometry | flags | share | " + " | ".join(f"arena / fixed on {r.workload}" for r in reports
+                                                        if r.geometry == reports[0].geometry) + " |",
+             "|---|---|---|" + "---|" * sum(r.geometry == reports[0].geometry for r in reports)]
+    for geo in dict.fromkeys(r.geometry for r in reports):
+        reps = [r for r in reports if r.geometry == geo]
+        for retain, arena in ((False, "arena"), (True, "arena+retain")):
+            def regret(s: float) -> float:
+                return min(r.results[fixed(s, retain).name].throughput / r.best_fixed(retain).throughput for r in reps)
+            share = max(shares, key=lambda s: (regret(s), -s))
+            ratios = [r.results[arena].throughput / r.results[fixed(share, retain).name].throughput for r in reps]
+            lines.append(f"| {geo} | {'retain' if retain else 'default'} | {share:g} | "
+                         + " | ".join(f"{x:.3f}" for x in ratios) + " |")
+    return "\n".join(lines)
+
+
 def summary_line(reports: list[WorkloadReport]) -> str:
     """``throughput_vs_best_fixed_min=.. hit_rate_agentic=.. utilisation_mean=..`` (see the module doc)."""
     ratios = [rep.vs_best_fixed("arena") for rep in reports]
     agentic = [rep.results["arena"].kind_hit_rate("agentic") for rep in reports if rep.workload == "agentic"]
     agentic = agentic or [rep.results["arena"].kind_hit_rate("agentic") for rep in reports
                           if "agentic" in rep.results["arena"].hits_by_kind]
-    press = [rep.results["arena"] for rep in reports]
+    press = [rep.results[p.name] for rep in reports for p in ARENA_POLICIES]
     secs = sum(r.pressure_s for r in press)
     util = sum(r.util_pressure * r.pressure_s for r in press if r.pressure_s) / secs if secs else math.nan
     return (f"throughput_vs_best_fixed_min={min(ratios):.4f} hit_rate_agentic={min(agentic, default=math.nan):.4f} "
@@ -395,6 +419,7 @@ def main(argv: Seq[str] | None = None) -> int:
             rep = compare(geo, wl, sessions, cfg, shares, log)
             reports.append(rep)
             print(format_table(rep, shares) + "\n", flush=True)
+    print(single_share_table(reports, shares) + "\n")
     plot(reports, plot_path)
     speed_m = sum(r.speed_model_s for rep in reports for r in rep.results.values())
     speed_w = sum(r.speed_wall_s for rep in reports for r in rep.results.values())
