@@ -3,12 +3,12 @@
 ``LLMEngine`` is single-threaded, so exactly one thread (started by :meth:`AsyncEngine.start`)
 touches it. Everything else talks to that thread through a command queue::
 
-    event loop (routes)                         engine thread
-    -------------------                         -------------
-    generate() --("add", rid, ids, params)-->   add_request()  --accepted/ValueError--> future
-               <--outputs via call_soon_threadsafe--  step() while work exists
-    abort()    --("abort", rid)------------->   abort_request()
-    call(fn)   --("call", fn)--------------->   fn(engine)     --result/exception---> future
+    event loop (routes)                            engine thread
+    -------------------                            -------------
+    group.add() --("add", rid, ids, params)-->     add_request()  --accepted / ValueError--> future
+    group.outputs() <--outputs, call_soon_threadsafe--  step() while work exists
+    abort()     --("abort", rid)-------------->    abort_request()
+    call(fn)    --("call", fn)---------------->    fn(engine)     --result / exception--> future
 
 The thread steps while any request is unfinished and otherwise sleeps on a condition variable
 until a command arrives. When the engine goes idle it runs ``check_integrity()`` (the invariant
@@ -16,7 +16,8 @@ check of STYLE rule 12); a failure there, or an exception from ``step()``, fails
 flight with an internal error, aborts them in the engine and marks the server unhealthy
 (``/health`` answers 503) -- it never silently continues with a corrupt arena.
 
-Contract of :meth:`AsyncEngine.generate`: it raises ``ValueError`` (before yielding anything) when
+A :class:`RequestGroup` gathers the requests of one HTTP call (``n`` choices, several prompts)
+behind one output queue. Contract of :meth:`AsyncEngine.generate` (a group of one): it raises ``ValueError`` (before yielding anything) when
 the engine rejects the request, then yields each :class:`RequestOutput` of that request in order;
 the last has ``finished=True``. Leaving the iterator early (client gone, task cancelled) aborts the
 request, so its KV memory goes back to the arena.
@@ -35,7 +36,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 from atom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from atom.model_engine.llm_engine import LLMEngine, RequestOutput
+    from atom.model_engine.llm_engine import LLMEngine
+    from atom.model_engine.request_output import RequestOutput
 
 __all__ = ["AsyncEngine", "RequestGroup", "EngineDeadError"]
 

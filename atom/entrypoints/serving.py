@@ -27,7 +27,7 @@ from atom.entrypoints.protocol import (MAX_CHOICES, MAX_N, ApiError, ChatComplet
 from atom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from atom.model_engine.llm_engine import RequestOutput
+    from atom.model_engine.request_output import RequestOutput
 
 __all__ = ["OpenAIServing", "Prepared"]
 

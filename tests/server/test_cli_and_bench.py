@@ -3,7 +3,6 @@
 import asyncio
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
