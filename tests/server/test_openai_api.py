@@ -140,3 +140,13 @@ def test_models_health_and_metrics_endpoints(server):
                  "atom_time_per_output_token_seconds_count", "atom_engine_healthy"):
         assert name in m, name
     assert m["atom_engine_healthy"] == 1.0 and m["atom_generation_tokens_total"] > 0
+
+
+def test_echo_puts_the_prompt_before_the_completion(server):
+    c = server.client()
+    r = c.completions.create(model=MODEL, prompt="echo me", max_tokens=3, echo=True, temperature=0, extra_body=EXACT)
+    plain = c.completions.create(model=MODEL, prompt="echo me", max_tokens=3, temperature=0, extra_body=EXACT)
+    assert r.choices[0].text == "echo me" + plain.choices[0].text
+    streamed = list(c.completions.create(model=MODEL, prompt="echo me", max_tokens=3, echo=True, temperature=0,
+                                         stream=True, extra_body=EXACT))
+    assert "".join(ch.choices[0].text for ch in streamed) == r.choices[0].text
