@@ -9,9 +9,11 @@ Rules (the full statement, with examples, is ``docs/prefix_cache.md``):
 - Every block a step touches gets a page before the step; all its rows are written by the step.
   A block is published only once **all** ``block_size`` rows are written (``publish_full``).
 - After a step, blocks that no query will read again (``(j+1)*B <= computed - W + 1``) are released.
-  Default mode evicts them at once unless another sequence holds them; ``full_retain`` keeps
-  published ones cached (LRU), so later requests can hit mid-sequence. Blocks still held when a
-  sequence ends are kept cached in both modes (the tail that a follow-up turn resumes from).
+  Default mode keeps cached only the blocks the request got from the cache and the window before its
+  prompt's last block boundary (where a repeat of the prompt resumes), and evicts the rest at once
+  unless another sequence holds them; ``full_retain`` keeps every published block cached (LRU), so
+  later requests can hit mid-sequence. Blocks still held when a sequence ends are kept cached in both
+  modes (the tail that a follow-up turn resumes from).
 - ``retention_interval`` (needs full retain): the tail blocks before every multiple of the interval
   and before the prompt boundary are *pinned* (an extra reference) when published. Pins are capped
   at ``max_pins`` pages; past it the least recently used pin is released. A pin is also released when
@@ -125,11 +127,20 @@ class SlidingWindowPool:
         for j in range(seq.swa_released_upto, min(limit, len(seq.swa_blocks))):
             bid = seq.swa_blocks[j]
             if bid >= 0:
-                self.pool.release(bid, keep=self.full_retain)
+                self.pool.release(bid, keep=self._keep_after_window(seq, j))
                 seq.swa_blocks[j] = -1
                 seq.swa_pages[j] = -1
                 self.on_table_change(seq, j, -1)
         seq.swa_released_upto = max(seq.swa_released_upto, min(limit, len(seq.swa_blocks)))
+
+    def _keep_after_window(self, seq: Seq, j: int) -> bool:
+        """Whether block ``j`` stays cached when it leaves ``seq``'s window: always with full retain;
+        by default only a block that came from the cache (a hit) and the window before the prompt's
+        last block boundary (where a repeat of the same prompt resumes)."""
+        if self.full_retain or j < seq.num_cached_tokens // self.block_size:
+            return True
+        boundary = (seq.num_prompt_tokens - 1) // self.block_size
+        return boundary - self.tail_blocks <= j < boundary
 
     def release_seq(self, seq: Seq) -> None:
         """Release every block ``seq`` holds; published ones stay cached (the resumable tail)."""

@@ -29,6 +29,22 @@ def test_default_mode_keeps_the_tail_a_finished_request_still_held(harness):
     assert turn2.stats.reused == 64
 
 
+def test_default_mode_keeps_the_window_before_the_prompt_boundary_so_a_repeat_hits(harness):
+    h = harness(budget=200)
+    prompt = list(range(700, 750))  # 50 tokens: a repeat resumes at block boundary 3 (token 48)
+    run_one(h, prompt, max_tokens=30)  # block 2 left the window long before the request ended
+    repeat = run_one(h, prompt, max_tokens=2)
+    assert repeat.stats.reused == 48
+
+
+def test_default_mode_returns_blocks_that_came_from_the_cache(harness):
+    h = harness(budget=200)
+    prompt = list(range(700, 750))
+    run_one(h, prompt, max_tokens=30)
+    run_one(h, prompt + list(range(800, 860)), max_tokens=2)  # hits at 48, then runs far past it
+    assert run_one(h, prompt, max_tokens=2).stats.reused == 48
+
+
 def test_full_retain_keeps_published_blocks_after_they_leave_the_window(harness):
     h = harness(budget=200, full_retain=True)
     run_one(h, SHARED + list(range(300, 400)))
