@@ -87,7 +87,7 @@ class RunResult:
     wall_s: float = 0.0
     steps: int = 0
     finished: int = 0
-    aborted: int = 0
+    aborted: int = 0  # aborted by the scheduler, or refused (prompt + answer over max_model_len)
     max_running: int = 0
     mean_running: float = 0.0
     preemptions: int = 0
@@ -96,8 +96,6 @@ class RunResult:
     hits_by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [reused, prompt]
     counters: dict[str, int] = field(default_factory=dict)
     util_mean: float = 0.0
-    util_load: float = math.nan  # mean over steps that left a request waiting
-    load_s: float = 0.0
     util_pressure: float = math.nan  # mean over steps that evicted a cached block or preempted
     pressure_s: float = 0.0
     evictions: int = 0
@@ -145,7 +143,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
     live: dict[int, tuple[Sequence, int, int]] = {}  # rid -> (seq, sid, turn)
     seen: set[int] = set()
     res = RunResult(policy.name)
-    t, run_area, util_area, util_load_area, util_pressure_area = 0.0, 0.0, 0.0, 0.0, 0.0
+    t, run_area, util_area, util_pressure_area = 0.0, 0.0, 0.0, 0.0
     raw_series: list[tuple[float, int, int]] = []
     wall0 = time.perf_counter()
     while pending or sched.has_unfinished():
@@ -158,12 +156,15 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
             if prev is not None:
                 for seg in turn.new:
                     tokens.extend(segment_tokens(seg))
+            if len(tokens) + turn.max_tokens > cfg.max_model_len:
+                res.aborted += 1  # the session ends here: its history outgrew the model length
+                continue
             seq = Sequence(tokens, SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True),
                            layout.spec.block_size, seq_id=rid, arrival=t)
             sched.add(seq)
             live[rid] = (seq, sid, turn_idx)
         if not sched.has_unfinished():
-            t = pending[0][0]
+            t = pending[0][0] if pending else t
             continue
         w0 = time.perf_counter()
         pressure0 = bm.comp.num_evictions + bm.swa.pool.num_evictions + sched.num_preemptions
@@ -194,9 +195,6 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
         used_comp = bm.arena.num_used(COMPRESS) * cost[COMPRESS]
         util = (used_swa + used_comp) / usable
         util_area += util * dt
-        if sched.waiting:
-            util_load_area += util * dt
-            res.load_s += dt
         if bm.comp.num_evictions + bm.swa.pool.num_evictions + sched.num_preemptions > pressure0:
             util_pressure_area += util * dt
             res.pressure_s += dt
@@ -226,7 +224,6 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
     total_t = max(t, 1e-12)
     res.mean_running = run_area / total_t
     res.util_mean = util_area / total_t
-    res.util_load = util_load_area / res.load_s if res.load_s else math.nan
     res.util_pressure = util_pressure_area / res.pressure_s if res.pressure_s else math.nan
     res.preemptions = sched.num_preemptions
     res.hit_tokens = sum(a[0] for a in res.hits_by_kind.values())
@@ -241,7 +238,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
 
 
 # ---- the comparison run ----------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class WorkloadReport:
     """All policies on one (geometry, workload) trace; the fixed split's best shares per flag family."""
 
@@ -368,14 +365,16 @@ def summary_line(reports: list[WorkloadReport]) -> str:
             f"utilisation_mean={util:.4f}")
 
 
-def _number(kind: type, upper: float | None = None) -> Callable[[str], float]:
+def _number(kind: type, upper: float | None = None, allow_zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: a ``kind`` value > 0 (>= 0 with ``allow_zero``) and < ``upper`` if given."""
     def parse(text: str) -> float:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not value > 0 or (upper is not None and not value < upper):
-            raise argparse.ArgumentTypeError(f"{text!r} must be > 0" + (f" and < {upper}" if upper else ""))
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (value >= 0 if allow_zero else value > 0) or (upper is not None and not value < upper):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {'>= 0' if allow_zero else '> 0'}"
+                                             + (f" and < {upper}" if upper else ""))
         return value
     return parse
 
@@ -387,7 +386,7 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=None)
     ap.add_argument("--scale", type=_number(float), default=None, help="x the default session counts (1)")
     ap.add_argument("--rate-scale", type=_number(float), default=1.0, help="x the default arrival rates (1)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=_number(int, None, allow_zero=True), default=0, help="trace seed (>= 0)")
     ap.add_argument("--budget-gib", type=_number(float), default=40.0, help="KV budget per GPU (default 40)")
     ap.add_argument("--max-num-seqs", type=_number(int), default=256)
     ap.add_argument("--max-batched-tokens", type=_number(int), default=8192)

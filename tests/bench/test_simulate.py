@@ -173,10 +173,20 @@ def test_the_quick_cli_run_prints_the_final_line_with_parseable_floats(tmp_path,
     (["--budget-gib", "0"], "must be > 0"),
     (["--budget-gib", "0.1"], "cannot hold one request"),
     (["--workloads", "nope"], "invalid choice"),
-    (["--scale", "x"], "is not a float"),
+    (["--scale", "x"], "is not a number"),
+    (["--seed", "-1"], "must be >= 0"),
+    (["--max-num-seqs", "2.5"], "is not an integer"),
 ])
 def test_bad_cli_values_are_argparse_errors_that_say_what_is_wrong(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         sim.main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_session_whose_history_outgrows_the_model_length_ends_there_and_is_counted():
+    (session,) = agentic(1, 1.0, 2)
+    cfg = dataclasses.replace(SMALL, max_model_len=8192)
+    res = sim.run_trace((session,), sim.ARENA, cfg)
+    assert res.aborted == 1
+    assert 1 <= res.finished < len(session.turns)
