@@ -115,8 +115,16 @@ class BlockManager:
             return 0
         seq.state_slot = self.slots.take()
         seq.state_fresh = True
+        seq.retain_boundaries = self._retain_boundaries(seq, match)
         self._count(seq, match)
         return num_new
+
+    def _retain_boundaries(self, seq: Sequence, match: PrefixMatch) -> tuple[int, ...]:
+        """The prompt's last block boundary, plus a shared-prefix junction: the boundary up to which
+        the compressed prefix matched an earlier request although its SWA window was gone."""
+        prompt_end = (seq.num_prompt_tokens - 1) // self.block_size
+        junction = match.compressed if match.compressed > match.window_bound else 0
+        return tuple(b for b in {prompt_end, junction} if b > 0)
 
     def _claim_hit(self, seq: Sequence, blocks: int) -> None:
         seq.reset_blocks()

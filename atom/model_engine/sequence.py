@@ -79,6 +79,7 @@ class Sequence:
         self.swa_pages: list[int] = []
         self.swa_released_upto = 0
         self.published_upto = 0
+        self.retain_boundaries: tuple[int, ...] = ()  # block boundaries whose SWA window outlives the window
         self.state_slot = -1
         self.state_fresh = False
         self.restore_page = -1

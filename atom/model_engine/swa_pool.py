@@ -9,9 +9,11 @@ Rules (the full statement, with examples, is ``docs/prefix_cache.md``):
 - Every block a step touches gets a page before the step; all its rows are written by the step.
   A block is published only once **all** ``block_size`` rows are written (``publish_full``).
 - After a step, blocks that no query will read again (``(j+1)*B <= computed - W + 1``) are released.
-  Default mode keeps cached only the blocks the request got from the cache and the window before its
-  prompt's last block boundary (where a repeat of the prompt resumes), and evicts the rest at once
-  unless another sequence holds them; ``full_retain`` keeps every published block cached (LRU), so
+  Default mode keeps cached only the blocks the request got from the cache and the windows before its
+  prompt's last block boundary (where a repeat of the prompt resumes) and before a shared-prefix
+  junction (a boundary up to which an earlier request's compressed blocks matched but whose window
+  was gone: the next request with that prefix resumes there), and evicts the rest at once unless
+  another sequence holds them; ``full_retain`` keeps every published block cached (LRU), so
   later requests can hit mid-sequence. Blocks still held when a sequence ends are kept cached in both
   modes (the tail that a follow-up turn resumes from).
 - ``retention_interval`` (needs full retain): the tail blocks before every multiple of the interval
@@ -135,12 +137,12 @@ class SlidingWindowPool:
 
     def _keep_after_window(self, seq: Seq, j: int) -> bool:
         """Whether block ``j`` stays cached when it leaves ``seq``'s window: always with full retain;
-        by default only a block that came from the cache (a hit) and the window before the prompt's
-        last block boundary (where a repeat of the same prompt resumes)."""
+        by default only a block that came from the cache (a hit) and the windows before the
+        boundaries in ``seq.retain_boundaries`` (its prompt's last block boundary, where a repeat of
+        the prompt resumes, and a shared-prefix junction found at admission)."""
         if self.full_retain or j < seq.num_cached_tokens // self.block_size:
             return True
-        boundary = (seq.num_prompt_tokens - 1) // self.block_size
-        return boundary - self.tail_blocks <= j < boundary
+        return any(b - self.tail_blocks <= j < b for b in seq.retain_boundaries)
 
     def release_seq(self, seq: Seq) -> None:
         """Release every block ``seq`` holds; published ones stay cached (the resumable tail)."""

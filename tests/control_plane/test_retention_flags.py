@@ -45,6 +45,16 @@ def test_default_mode_returns_blocks_that_came_from_the_cache(harness):
     assert run_one(h, prompt, max_tokens=2).stats.reused == 48
 
 
+def test_default_mode_keeps_the_window_at_a_shared_prefix_junction_for_the_next_request(harness):
+    h = harness(budget=200)
+    first = run_one(h, SHARED + list(range(300, 340)))  # computes the shared prefix, frees its window
+    second = run_one(h, SHARED + list(range(400, 440)))  # compressed blocks match; the window is gone
+    third = run_one(h, SHARED + list(range(500, 540)))
+    assert (first.stats.reused, second.stats.reused) == (0, 0)
+    assert second.stats.lost_to_swa_window == 64
+    assert third.stats.reused == 64
+
+
 def test_full_retain_keeps_published_blocks_after_they_leave_the_window(harness):
     h = harness(budget=200, full_retain=True)
     run_one(h, SHARED + list(range(300, 400)))
