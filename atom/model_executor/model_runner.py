@@ -33,10 +33,11 @@ class ModelRunner:
     def __init__(self, model: DeepseekV4Model, layout: KvLayout, *, max_model_len: int, seed: int = 0,
                  poison: bool = False, kernel_backend: str | None = None, keep_logits: bool = False) -> None:
         self.model = model.eval()
-        self.views = bind_kv_arena(layout, poison=poison)
+        self.device = model.embed.weight.device
+        self.views = bind_kv_arena(layout, poison=poison, device=self.device)
         self.kernels = load_kernels(kernel_backend)
         max_blocks = -(-max_model_len // layout.spec.block_size)
-        self.tables = PageTables(layout.max_live_requests, max_blocks)
+        self.tables = PageTables(layout.max_live_requests, max_blocks, device=self.device)
         self.attn = [PagedDeepseekV4Attention(block.attn, self.views, self.kernels) for block in model.layers]
         self.sampler = Sampler(seed)
         self.keep_logits = keep_logits
@@ -47,7 +48,7 @@ class ModelRunner:
         self.tables.apply(batch)
         if not batch.seqs:
             return RunnerOutput({})
-        step = build_step_inputs(batch)
+        step = build_step_inputs(batch, self.device)
         logits = self._forward(step)
         sampled, self.last_logits = {}, {}
         for s, item in enumerate(batch.seqs):

@@ -47,7 +47,7 @@ class PageTables:
     def _write_row(row: torch.Tensor, pages: tuple[int, ...]) -> None:
         row.fill_(-1)
         if pages:
-            row[: len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            row[: len(pages)] = torch.tensor(pages, dtype=torch.int32, device=row.device)
 
 
 @dataclass

@@ -114,9 +114,11 @@ class PagedDeepseekV4Attention:
                                         tables.swa[step.slots.long()], step.cu_seqlens, step.pos_start,
                                         block_size=self.block_size)
         if entries:
-            i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+            dev = out_rows.device
+            seq_t = torch.tensor(seq_of, dtype=torch.int32, device=dev)
+            entry_t = torch.tensor(entry_ids, dtype=torch.int32, device=dev)
             self.k.compressed_write(torch.stack(entries).to(out_rows.dtype).contiguous(), out_rows, tables.comp,
-                                    i32(seq_of), i32(entry_ids), entries_per_block=region.used_rows,
+                                    seq_t, entry_t, entries_per_block=region.used_rows,
                                     pages_per_chunk=region.pages_per_chunk, chunk_rows=region.chunk_rows)
 
     def _entries(self, comp: Compressor, kv: torch.Tensor, score: torch.Tensor, start: int,
@@ -136,9 +138,9 @@ class PagedDeepseekV4Attention:
                 rows_kv = torch.stack([r[0] for r in cur])
                 rows_score = torch.stack([r[1] for r in cur])
             else:
-                if i == 0:
-                    prev_kv = torch.zeros(4, c)
-                    prev_score = torch.full((4, c), float("-inf"))
+                if i == 0:  # block -1 is padding: kv 0, score -inf
+                    prev_kv = torch.zeros(4, c, device=kv.device)
+                    prev_score = torch.full((4, c), float("-inf"), device=kv.device)
                 else:
                     prev = [row(4 * i - 4 + j) for j in range(4)]
                     prev_kv = torch.stack([r[0][:c] for r in prev])
@@ -168,7 +170,7 @@ class PagedDeepseekV4Attention:
                                            chunk_rows=reg.chunk_rows)
         keys_view = self.views.index[self.layer]
         topk = self.cfg.index_topk
-        out = torch.full((step.positions.shape[0], topk), -1, dtype=torch.int32)
+        out = torch.full((step.positions.shape[0], topk), -1, dtype=torch.int32, device=step.positions.device)
         for t, pos in enumerate(step.positions.tolist()):
             n = (pos + 1) // 4
             if n == 0:
