@@ -91,9 +91,6 @@ class _PagedArena:
         except KeyError:
             raise KeyError(f"{owner} block {lid} has no arena page") from None
 
-    def page_or_none(self, owner: str, lid: int) -> int | None:
-        return self._phys[owner].get(lid)
-
     def is_backed(self, owner: str, lid: int) -> bool:
         return lid in self._phys[owner]
 

@@ -18,7 +18,7 @@ whole chunk whose every used page is cached.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Iterable
+from typing import Callable
 
 from atom.model_engine.kv_block import Block
 from atom.model_engine.unified_kv_arena import UnifiedKvArena
@@ -48,9 +48,6 @@ class BlockPool:
     @property
     def num_ids(self) -> int:
         return len(self.blocks)
-
-    def num_vacant(self) -> int:
-        return len(self._vacant)
 
     def num_cached(self) -> int:
         return len(self._cached)
@@ -153,14 +150,6 @@ class BlockPool:
                 return True
         return False
 
-    def reclaimable_chunks(self) -> int:
-        """Chunks that :meth:`reclaim_chunk` could free right now."""
-        count = 0
-        for chunk, members in self._cached_by_chunk.items():
-            any_page = self.page(next(iter(members)))
-            count += len(members) == self.arena.chunk_used_pages(self.owner, any_page)
-        return count
-
     def unpublish_all_cached(self) -> int:
         """Evict every cached block (``reset_prefix_cache``); returns how many."""
         ids = list(self._cached)
@@ -218,9 +207,3 @@ class BlockPool:
             by_chunk.setdefault(self.arena.chunk_of(self.owner, self.page(bid)), set()).add(bid)
         assert by_chunk == self._cached_by_chunk, f"{self.owner}: cached-by-chunk index out of date"
 
-
-def release_all(pool: BlockPool, ids: Iterable[int], keep: bool = True) -> None:
-    """Release each id in reverse order (so a chain's tail is evicted before its head)."""
-    for bid in reversed(list(ids)):
-        if bid >= 0:
-            pool.release(bid, keep)

@@ -48,7 +48,6 @@ class Block:
     ref_count: int = 0
     block_hash: int | None = None
     token_ids: tuple[int, ...] | None = None
-    pinned: bool = False
     state_captured: bool = False
 
     def reset(self) -> None:
@@ -56,5 +55,4 @@ class Block:
         self.ref_count = 0
         self.block_hash = None
         self.token_ids = None
-        self.pinned = False
         self.state_captured = False

@@ -167,14 +167,12 @@ class SlidingWindowPool:
         if bid in self._pins or self.max_pins == 0:
             return
         self.pool.claim(bid)
-        self.pool.blocks[bid].pinned = True
         self._pins[bid] = None
         while len(self._pins) > self.max_pins:
             self._unpin(next(iter(self._pins)))
 
     def _unpin(self, bid: int) -> None:
         del self._pins[bid]
-        self.pool.blocks[bid].pinned = False
         self.pool.release(bid, keep=True)
 
     def release_oldest_pin(self) -> bool:
