@@ -22,14 +22,14 @@ pool (:func:`usable_bytes`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from atom.bench.capacity import atom_style_chunks
 from atom.config import CacheConfig
 from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
+from atom.model_engine.chunk_arena import ChunkArena, ChunkBackedFreeList
 from atom.model_engine.kv_layout import KvLayout
-from atom.model_engine.unified_kv_arena import COMPRESS, OWNERS, SWA
+from atom.model_engine.page_map import COMPRESS, OWNERS, SWA, LogicalPageMap
 
 if TYPE_CHECKING:
     from atom.bench.simulate import SimConfig
@@ -73,38 +73,23 @@ def _pool_layout(base: KvLayout, swa_pages: int, compress_pages: int) -> PoolSiz
                            base.spec.swa_block_bytes, 0, swa_pages, compress_pages)
 
 
-class _PagedArena:
-    """Shared logical->physical bookkeeping; subclasses decide where a page's memory comes from."""
+class _PagedArena(LogicalPageMap):
+    """Arenas whose pages are their own chunks; subclasses decide where a page's memory comes from."""
 
     layout: KvLayout
 
     def __init__(self, layout: KvLayout) -> None:
+        super().__init__()
         self.layout = layout
-        self._phys: dict[str, dict[int, int]] = {SWA: {}, COMPRESS: {}}
 
     def pages_per_chunk(self, owner: str) -> int:
         return 1
-
-    def page(self, owner: str, lid: int) -> int:
-        try:
-            return self._phys[owner][lid]
-        except KeyError:
-            raise KeyError(f"{owner} block {lid} has no arena page") from None
-
-    def is_backed(self, owner: str, lid: int) -> bool:
-        return lid in self._phys[owner]
 
     def chunk_of(self, owner: str, page: int) -> int:
         return page
 
     def chunk_used_pages(self, owner: str, page: int) -> int:
         return 1
-
-    def _check_ids(self, swa: Sequence[int], compress: Sequence[int]) -> None:
-        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
-            dup = [lid for lid in lids if lid in self._phys[owner]]
-            if dup or len(set(lids)) != len(lids):
-                raise ArenaError(f"{owner}: logical ids already backed or repeated: {dup or list(lids)}")
 
 
 class SplitKvArena(_PagedArena):
@@ -147,33 +132,22 @@ class SplitKvArena(_PagedArena):
     def can_alloc(self, swa: int = 0, compress: int = 0) -> bool:
         return self.chunks_needed(swa, compress) == 0
 
-    def alloc(self, swa: Sequence[int] = (), compress: Sequence[int] = ()) -> dict[str, list[int]]:
-        """All or nothing, like :meth:`UnifiedKvArena.alloc`."""
-        self._check_ids(swa, compress)
-        if not self.can_alloc(len(swa), len(compress)):
-            raise ArenaEmpty(f"fixed split: {len(swa)} SWA pages ({self.available(SWA)} free) + "
-                             f"{len(compress)} compressed pages ({self.available(COMPRESS)} free) do not fit")
-        out: dict[str, list[int]] = {SWA: [], COMPRESS: []}
-        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
-            for lid in lids:
-                page = self._lists[owner].pop()
-                self._phys[owner][lid] = page
-                out[owner].append(page)
-        return out
+    def _shortfall(self, swa: int, compress: int) -> str:
+        return (f"fixed split: {swa} SWA pages ({self.available(SWA)} free) + "
+                f"{compress} compressed pages ({self.available(COMPRESS)} free) do not fit")
 
-    def free(self, owner: str, lids: Iterable[int]) -> None:
-        for lid in lids:
-            page = self._phys[owner].pop(lid, None)
-            if page is None:
-                raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
-            self._lists[owner].free(page)
+    def _take_page(self, owner: str) -> int:
+        return self._lists[owner].pop()
+
+    def _give_back(self, owner: str, page: int) -> None:
+        self._lists[owner].free(page)
 
     def check_integrity(self) -> None:
+        self._check_maps()
         for owner in OWNERS:
             self._arenas[owner].check_integrity()
             self._lists[owner].check_integrity()
             pages = list(self._phys[owner].values())
-            assert len(set(pages)) == len(pages), f"{owner}: two logical ids share a page"
             assert len(pages) == self.num_used(owner)
             assert len(pages) + self._arenas[owner].num_free() == self.capacity(owner)
 
@@ -223,37 +197,28 @@ class OracleKvArena(_PagedArena):
     def can_alloc(self, swa: int = 0, compress: int = 0) -> bool:
         return self.bytes_for(swa, compress) <= self.free_bytes()
 
-    def alloc(self, swa: Sequence[int] = (), compress: Sequence[int] = ()) -> dict[str, list[int]]:
-        self._check_ids(swa, compress)
-        if not self.can_alloc(len(swa), len(compress)):
-            raise ArenaEmpty(f"oracle: {self.bytes_for(len(swa), len(compress))} B needed, {self.free_bytes()} B free")
-        out: dict[str, list[int]] = {SWA: [], COMPRESS: []}
-        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
-            for lid in lids:
-                if self._free_pages[owner]:
-                    page = self._free_pages[owner].pop()
-                else:
-                    page = self._next_page[owner]
-                    self._next_page[owner] += 1
-                self._phys[owner][lid] = page
-                self.used_bytes += self.cost[owner]
-                out[owner].append(page)
-        return out
+    def _shortfall(self, swa: int, compress: int) -> str:
+        return f"oracle: {self.bytes_for(swa, compress)} B needed, {self.free_bytes()} B free"
 
-    def free(self, owner: str, lids: Iterable[int]) -> None:
-        for lid in lids:
-            page = self._phys[owner].pop(lid, None)
-            if page is None:
-                raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
-            self._free_pages[owner].append(page)
-            self.used_bytes -= self.cost[owner]
+    def _take_page(self, owner: str) -> int:
+        if self._free_pages[owner]:
+            page = self._free_pages[owner].pop()
+        else:
+            page = self._next_page[owner]
+            self._next_page[owner] += 1
+        self.used_bytes += self.cost[owner]
+        return page
+
+    def _give_back(self, owner: str, page: int) -> None:
+        self._free_pages[owner].append(page)
+        self.used_bytes -= self.cost[owner]
 
     def check_integrity(self) -> None:
         assert 0 <= self.used_bytes <= self.budget, f"oracle uses {self.used_bytes} of {self.budget} B"
         assert self.used_bytes == sum(self.num_used(o) * self.cost[o] for o in OWNERS)
+        self._check_maps()
         for owner in OWNERS:
             pages = list(self._phys[owner].values())
-            assert len(set(pages)) == len(pages), f"{owner}: two logical ids share a page"
             assert not set(pages) & set(self._free_pages[owner]), f"{owner}: a used page is on the free list"
 
 

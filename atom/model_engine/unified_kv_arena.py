@@ -13,45 +13,30 @@ indexer keys of every compressed layer).
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
-
 from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
 from atom.model_engine.kv_group import group_of_ratio
 from atom.model_engine.kv_layout import ArenaGroupSpec, KvLayout
+from atom.model_engine.page_map import COMPRESS, OWNERS, SWA, LogicalPageMap
 
 __all__ = ["SWA", "COMPRESS", "OWNERS", "UnifiedKvArena", "ArenaGroupSpec", "group_of_ratio",
-           "ArenaEmpty", "ArenaError"]
-
-SWA = "swa"
-COMPRESS = "compress"
-OWNERS = (SWA, COMPRESS)
+           "ArenaEmpty", "ArenaError", "LogicalPageMap"]
 
 
-class UnifiedKvArena:
+class UnifiedKvArena(LogicalPageMap):
     """Logical->physical page maps for both owners over one :class:`ChunkArena`."""
 
     def __init__(self, layout: KvLayout) -> None:
+        super().__init__()
         self.layout = layout
         self.chunks = ChunkArena(layout.num_chunks)
         self._lists = {
             SWA: ChunkBackedFreeList(self.chunks, layout.chunk_pages, SWA),
             COMPRESS: ChunkBackedFreeList(self.chunks, max(1, layout.compress_pages_per_chunk), COMPRESS),
         }
-        self._phys: dict[str, dict[int, int]] = {SWA: {}, COMPRESS: {}}
 
     # ---- queries ------------------------------------------------------------------------------
     def pages_per_chunk(self, owner: str) -> int:
         return self._lists[owner].pages_per_chunk
-
-    def page(self, owner: str, lid: int) -> int:
-        """Physical page of a backed logical id; ``KeyError`` if it has none."""
-        try:
-            return self._phys[owner][lid]
-        except KeyError:
-            raise KeyError(f"{owner} block {lid} has no arena page") from None
-
-    def is_backed(self, owner: str, lid: int) -> bool:
-        return lid in self._phys[owner]
 
     def num_used(self, owner: str) -> int:
         return self._lists[owner].num_used()
@@ -87,42 +72,22 @@ class UnifiedKvArena:
         Pools use it to avoid evicting one owner's cache for a shortfall it cannot relieve."""
         return True
 
-    # ---- allocation ---------------------------------------------------------------------------
-    def alloc(self, swa: Sequence[int] = (), compress: Sequence[int] = ()) -> dict[str, list[int]]:
-        """Give every listed logical id of each owner a page, all or nothing.
+    # ---- allocation (maps and all-or-nothing alloc / free: LogicalPageMap) ------------------
+    def _shortfall(self, swa: int, compress: int) -> str:
+        return (f"need {self.chunks_needed(swa, compress)} free chunks for {swa} SWA + {compress} "
+                f"compressed pages; {self.chunks.num_free()} free")
 
-        Raises :class:`ArenaEmpty` (and changes nothing) when the pages do not fit, and
-        :class:`ArenaError` when an id is already backed.
-        """
-        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
-            dup = [lid for lid in lids if lid in self._phys[owner]]
-            if dup or len(set(lids)) != len(lids):
-                raise ArenaError(f"{owner}: logical ids already backed or repeated: {dup or list(lids)}")
-        if not self.can_alloc(len(swa), len(compress)):
-            raise ArenaEmpty(
-                f"need {self.chunks_needed(len(swa), len(compress))} free chunks for {len(swa)} SWA + "
-                f"{len(compress)} compressed pages; {self.chunks.num_free()} free")
-        out: dict[str, list[int]] = {SWA: [], COMPRESS: []}
-        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
-            for lid in lids:
-                page = self._lists[owner].pop()
-                self._phys[owner][lid] = page
-                out[owner].append(page)
-        return out
+    def _take_page(self, owner: str) -> int:
+        return self._lists[owner].pop()
 
-    def free(self, owner: str, lids: Iterable[int]) -> None:
-        """Return the pages of these logical ids (each must be backed)."""
-        phys, lst = self._phys[owner], self._lists[owner]
-        for lid in lids:
-            page = phys.pop(lid, None)
-            if page is None:
-                raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
-            lst.free(page)
+    def _give_back(self, owner: str, page: int) -> None:
+        self._lists[owner].free(page)
 
     # ---- integrity ----------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Conservation, one owner per chunk, one logical id per page."""
         self.chunks.check_integrity()
+        self._check_maps()
         owned: dict[int, str] = {}
         for owner, lst in self._lists.items():
             lst.check_integrity()
@@ -130,7 +95,6 @@ class UnifiedKvArena:
                 assert chunk not in owned, f"chunk {chunk} owned by {owned[chunk]} and {owner}"
                 owned[chunk] = owner
             pages = list(self._phys[owner].values())
-            assert len(set(pages)) == len(pages), f"{owner}: two logical ids share a page"
             assert len(pages) == lst.num_used(), f"{owner}: {len(pages)} mapped vs {lst.num_used()} used pages"
             for page in pages:
                 assert lst.owns_chunk(page // lst.pages_per_chunk), f"{owner}: page {page} in a chunk it does not own"

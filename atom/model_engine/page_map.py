@@ -1,0 +1,85 @@
+"""Logical block id -> physical page maps for both arena owners, allocated all or nothing.
+
+Kept apart from :class:`~atom.model_engine.unified_kv_arena.UnifiedKvArena` because the trace
+simulator runs the same block manager over other arenas (a fixed split, a byte-granular oracle):
+they differ only in where a page's memory comes from, which subclasses say through
+:meth:`can_alloc`, :meth:`_shortfall`, :meth:`_take_page` and :meth:`_give_back`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError
+
+__all__ = ["SWA", "COMPRESS", "OWNERS", "LogicalPageMap"]
+
+SWA = "swa"
+COMPRESS = "compress"
+OWNERS = (SWA, COMPRESS)
+
+
+class LogicalPageMap:
+    """The maps and the all-or-nothing ``alloc`` / ``free`` every arena shares."""
+
+    def __init__(self) -> None:
+        self._phys: dict[str, dict[int, int]] = {SWA: {}, COMPRESS: {}}
+
+    # ---- what a subclass provides -------------------------------------------------------------
+    def can_alloc(self, swa: int = 0, compress: int = 0) -> bool:
+        raise NotImplementedError
+
+    def _shortfall(self, swa: int, compress: int) -> str:
+        """Why ``swa`` + ``compress`` new pages do not fit (for the :class:`ArenaEmpty` message)."""
+        raise NotImplementedError
+
+    def _take_page(self, owner: str) -> int:
+        raise NotImplementedError
+
+    def _give_back(self, owner: str, page: int) -> None:
+        raise NotImplementedError
+
+    # ---- shared -------------------------------------------------------------------------------
+    def page(self, owner: str, lid: int) -> int:
+        """Physical page of a backed logical id; ``KeyError`` if it has none."""
+        try:
+            return self._phys[owner][lid]
+        except KeyError:
+            raise KeyError(f"{owner} block {lid} has no arena page") from None
+
+    def is_backed(self, owner: str, lid: int) -> bool:
+        return lid in self._phys[owner]
+
+    def alloc(self, swa: Sequence[int] = (), compress: Sequence[int] = ()) -> dict[str, list[int]]:
+        """Give every listed logical id of each owner a page, all or nothing.
+
+        Raises :class:`ArenaEmpty` (and changes nothing) when the pages do not fit, and
+        :class:`ArenaError` when an id is already backed or listed twice.
+        """
+        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
+            dup = [lid for lid in lids if lid in self._phys[owner]]
+            if dup or len(set(lids)) != len(lids):
+                raise ArenaError(f"{owner}: logical ids already backed or repeated: {dup or list(lids)}")
+        if not self.can_alloc(len(swa), len(compress)):
+            raise ArenaEmpty(self._shortfall(len(swa), len(compress)))
+        out: dict[str, list[int]] = {SWA: [], COMPRESS: []}
+        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
+            for lid in lids:
+                page = self._take_page(owner)
+                self._phys[owner][lid] = page
+                out[owner].append(page)
+        return out
+
+    def free(self, owner: str, lids: Iterable[int]) -> None:
+        """Return the pages of these logical ids (each must be backed)."""
+        phys = self._phys[owner]
+        for lid in lids:
+            page = phys.pop(lid, None)
+            if page is None:
+                raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
+            self._give_back(owner, page)
+
+    def _check_maps(self) -> None:
+        for owner, phys in self._phys.items():
+            pages = list(phys.values())
+            assert len(set(pages)) == len(pages), f"{owner}: two logical ids share a page"
