@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from atom.envs import AtomEnv
+from atom.validation import require_int
 from atom.model_engine.kv_group import CSA_RATIO, is_csa, is_hca
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "Dsv4KvSpec",
     "CacheConfig",
     "SchedulerConfig",
+    "ModelConfig",
+    "ParallelConfig",
     "EngineConfig",
     "load_hf_config",
     "preset_path",
@@ -36,13 +39,6 @@ KV_ROW_FORMATS = ("fp8_ds_mla", "bf16", "fp32")
 
 _CSA_STATE_ROWS = 4  # overlap rows of the CSA compressors kept at a block boundary
 _FP32 = 4
-
-
-def _require_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-    if value < minimum:
-        raise ValueError(f"{name}={value!r} must be >= {minimum}")
 
 
 @dataclass(frozen=True)
@@ -71,12 +67,12 @@ class Dsv4KvSpec:
         if not ratios:
             raise ValueError("compress_ratios is empty; give one ratio per layer (0, 4 or an HCA ratio)")
         for r in ratios:
-            _require_int("compress_ratios entry", r, 0)
+            require_int("compress_ratios entry", r, 0)
         for name in ("sliding_window", "head_dim", "index_head_dim"):
-            _require_int(name, getattr(self, name), 1)
-        _require_int("rope_head_dim", self.rope_head_dim, 0)
-        _require_int("num_mtp_layers", self.num_mtp_layers, 0)
-        _require_int("block_size", self.block_size, 0)
+            require_int(name, getattr(self, name), 1)
+        require_int("rope_head_dim", self.rope_head_dim, 0)
+        require_int("num_mtp_layers", self.num_mtp_layers, 0)
+        require_int("block_size", self.block_size, 0)
         if self.rope_head_dim > self.head_dim:
             raise ValueError(f"rope_head_dim={self.rope_head_dim} exceeds head_dim={self.head_dim}")
         if self.row_format not in KV_ROW_FORMATS:
@@ -229,18 +225,34 @@ def preset_path(name: str) -> Path:
 
 
 @dataclass(frozen=True)
+class SchedulerConfig:
+    """Token-budget scheduling limits; the arena sizing reads ``max_num_seqs`` (one live
+    compressor-state slot each) and ``max_model_len`` (one request of that length must fit)."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int = 4096  # at least 2: one prompt token and one generated token
+
+    def __post_init__(self) -> None:
+        require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        require_int("max_num_seqs", self.max_num_seqs, 1)
+        require_int("max_model_len", self.max_model_len, 2)
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     """How the KV arena is sized and how the prefix cache behaves.
 
-    ``chunk_pages`` = SWA blocks per arena chunk (0 = choose the smallest that packs compressed
-    blocks at ``packing_target`` efficiency or better). Retention settings come from the
-    environment through :meth:`from_env` (``ATOM_SWA_FULL_RETAIN``, ``ATOM_SWA_RETENTION_INTERVAL``,
-    ``ATOM_SWA_PIN_FRACTION``) and are plain fields afterwards.
+    ``kv_cache_bytes`` is the byte budget of the arena plus the live compressor-state pool.
+    ``block_size`` 0 means the model's own (lcm of its compress ratios). ``chunk_pages`` = SWA
+    blocks per arena chunk (0 = choose the smallest that packs compressed blocks at
+    ``packing_target`` efficiency or better, trying up to ``max_chunk_pages``). Retention settings
+    come from the environment through :meth:`from_env` (``ATOM_SWA_FULL_RETAIN``,
+    ``ATOM_SWA_RETENTION_INTERVAL``, ``ATOM_SWA_PIN_FRACTION``) and are plain fields afterwards.
     """
 
-    kv_cache_bytes: int
-    max_model_len: int
-    max_num_seqs: int
+    kv_cache_bytes: int = 1 << 30
+    block_size: int = 0
     enable_prefix_caching: bool = True
     swa_full_retain: bool = False
     swa_retention_interval: int = 0
@@ -250,12 +262,11 @@ class CacheConfig:
     max_chunk_pages: int = 8
 
     def __post_init__(self) -> None:
-        _require_int("kv_cache_bytes", self.kv_cache_bytes, 1)
-        _require_int("max_model_len", self.max_model_len, 1)
-        _require_int("max_num_seqs", self.max_num_seqs, 1)
-        _require_int("swa_retention_interval", self.swa_retention_interval, 0)
-        _require_int("chunk_pages", self.chunk_pages, 0)
-        _require_int("max_chunk_pages", self.max_chunk_pages, 1)
+        require_int("kv_cache_bytes", self.kv_cache_bytes, 1)
+        require_int("block_size", self.block_size, 0, note="0 = the model's own")
+        require_int("swa_retention_interval", self.swa_retention_interval, 0)
+        require_int("chunk_pages", self.chunk_pages, 0, note="0 = choose")
+        require_int("max_chunk_pages", self.max_chunk_pages, 1)
         if not 0.0 < self.swa_pin_fraction <= 1.0:
             raise ValueError(f"swa_pin_fraction={self.swa_pin_fraction} must be in (0, 1]")
         if not 0.0 < self.packing_target <= 1.0:
@@ -274,55 +285,54 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
-    """Token-budget scheduling limits."""
+class ModelConfig:
+    """Which model to serve and under which name.
 
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    max_model_len: int = 4096
-
-    def __post_init__(self) -> None:
-        _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        _require_int("max_num_seqs", self.max_num_seqs, 1)
-        _require_int("max_model_len", self.max_model_len, 1)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Everything ``atom serve`` / ``LLMEngine.from_config`` needs; the only config the CLI builds.
-
-    ``model`` is a checkpoint directory (``config.json`` + safetensors + ``tokenizer.json``) or None
-    for the built-in tiny DeepSeek-V4 model. ``kv_cache_memory`` is the byte budget of the KV arena
-    plus the live compressor-state pool. ``block_size`` 0 means the model's own (lcm of its ratios).
-    Retention settings come from the environment (see :class:`CacheConfig`).
+    ``path`` is a checkpoint directory (``config.json`` + safetensors + ``tokenizer.json``) or None
+    for the built-in tiny DeepSeek-V4 model. ``seed`` seeds the runner's sampler.
     """
 
-    model: str | None = None
-    max_model_len: int = 4096
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    kv_cache_memory: int = 1 << 30
-    block_size: int = 0
-    enable_prefix_caching: bool = True
+    path: str | None = None
     served_model_name: str | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _require_int("max_model_len", self.max_model_len, 2)
-        _require_int("max_num_seqs", self.max_num_seqs, 1)
-        _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        _require_int("kv_cache_memory", self.kv_cache_memory, 1)
-        _require_int("block_size", self.block_size, 0)
-        _require_int("seed", self.seed, 0)
-        if self.model is not None and not str(self.model).strip():
+        require_int("seed", self.seed, 0)
+        if self.path is not None and not str(self.path).strip():
             raise ValueError("model must be a checkpoint directory or None (the built-in tiny model)")
 
-    @property
-    def scheduler(self) -> SchedulerConfig:
-        return SchedulerConfig(max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len)
 
-    def cache(self, env: AtomEnv) -> CacheConfig:
-        return CacheConfig.from_env(env, kv_cache_bytes=self.kv_cache_memory, max_model_len=self.max_model_len,
-                                    max_num_seqs=self.max_num_seqs,
-                                    enable_prefix_caching=self.enable_prefix_caching)
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is spread over devices: ``tensor_parallel_size`` ranks, experts split over
+    them when ``enable_expert_parallel``. The engine builder accepts only one rank today and says
+    so when asked for more."""
+
+    tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        require_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise ValueError(f"enable_expert_parallel={self.enable_expert_parallel!r} must be True or False")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything ``atom serve`` / ``build_engine`` needs; the only config the CLI builds.
+
+    It composes one config per subsystem and copies none of their fields: each subsystem receives
+    its own part (the scheduler ``scheduler``, the block manager and the layout ``cache``, the
+    loader ``model``).
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        for name, kind in (("model", ModelConfig), ("scheduler", SchedulerConfig), ("cache", CacheConfig),
+                           ("parallel", ParallelConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a {kind.__name__}")

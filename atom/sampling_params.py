@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atom.validation import require_int
+
 __all__ = ["SamplingParams"]
 
 
@@ -27,14 +29,12 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
+        require_int("max_tokens", self.max_tokens, 1)
         if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
             raise ValueError(f"temperature={self.temperature!r} must be a number in [0, 100]")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p!r} must be a number in (0, 1]")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r} must be an integer >= 0 (0 = off)")
+        require_int("top_k", self.top_k, 0, note="0 = off")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed={self.seed!r} must be an integer or None")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)

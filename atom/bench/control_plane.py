@@ -19,7 +19,7 @@ from typing import Sequence as Seq
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.fake_runner import FakeRunner
-from atom.model_engine.kv_layout import plan_kv_layout
+from atom.model_engine.kv_layout import KvLayout, chunk_shape
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
 from atom.sampling_params import SamplingParams
@@ -29,15 +29,13 @@ def build(num_seqs: int, context: int, steps: int) -> tuple[Scheduler, FakeRunne
     spec = Dsv4KvSpec.from_hf_config(load_hf_config(preset_path("deepseek_v4_flash")))
     max_new = num_seqs + steps + 8  # requests decode while the later ones are still being prefilled
     max_len = context + max_new
-    probe = plan_kv_layout(spec, 1 << 50, num_seqs, max_len)
+    limits = SchedulerConfig(max_num_batched_tokens=context + num_seqs, max_num_seqs=num_seqs, max_model_len=max_len)
+    shape = chunk_shape(spec, CacheConfig())
     comp_pages = num_seqs * (-(-max_len // spec.block_size))
     swa_pages = num_seqs * (spec.tail_blocks + 2) + -(-(context + num_seqs) // spec.block_size) + 2
-    chunks = -(-comp_pages // probe.compress_pages_per_chunk) + -(-swa_pages // probe.chunk_pages) + 2
-    kv_bytes = probe.state_pool_bytes + chunks * probe.chunk_bytes
-    layout = plan_kv_layout(spec, kv_bytes, num_seqs, max_len)
-    cache = CacheConfig(kv_cache_bytes=kv_bytes, max_model_len=max_len, max_num_seqs=num_seqs)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=context + num_seqs, max_num_seqs=num_seqs,
-                                      max_model_len=max_len), BlockManager(layout, cache), eos_token_id=None)
+    chunks = -(-comp_pages // shape.compress_pages_per_chunk) + -(-swa_pages // shape.chunk_pages) + 2
+    layout = KvLayout.for_chunks(spec, chunks, limits)
+    sched = Scheduler(limits, BlockManager(layout, CacheConfig()), eos_token_id=None)
     for i in range(num_seqs):
         tokens = [(i * 7919 + j * 31) % 256 for j in range(context)]  # small ints: no per-token objects
         sched.add(Sequence(tokens, SamplingParams(max_tokens=max_new, ignore_eos=True), spec.block_size))

@@ -274,8 +274,7 @@ def fixed(share: float, retain: bool = False) -> Policy:
 
 def build_block_manager(policy: Policy, layout: KvLayout, cfg: "SimConfig") -> BlockManager:
     """The real block manager over the arena ``policy`` names, with its flags as CacheConfig fields."""
-    cache = CacheConfig(kv_cache_bytes=cfg.budget_bytes, max_model_len=cfg.max_model_len,
-                        max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.prefix_caching,
+    cache = CacheConfig(kv_cache_bytes=cfg.budget_bytes, enable_prefix_caching=cfg.prefix_caching,
                         swa_full_retain=policy.full_retain, swa_retention_interval=policy.retention_interval)
     if policy.kind == "arena":
         return BlockManager(layout, cache)

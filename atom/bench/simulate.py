@@ -40,7 +40,7 @@ from typing import Callable, Sequence as Seq
 from atom.bench.sim_arenas import (ARENA, ARENA_POLICIES, OTHER_POLICIES, Policy, build_block_manager,
                                    exact_page_bytes, fixed, usable_bytes)
 from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, first_prompt, request_id, segment_tokens
-from atom.config import Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
 from atom.model_engine.fake_runner import FakeRunner
 from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 from atom.model_engine.scheduler import Scheduler
@@ -75,6 +75,10 @@ class SimConfig:
     cost: CostModel = field(default_factory=CostModel)
     prefix_caching: bool = True
     check_every: int = 0  # run the control plane's integrity checks every N steps (0 = never)
+
+    @property
+    def limits(self) -> SchedulerConfig:
+        return SchedulerConfig(self.max_batched_tokens, self.max_num_seqs, self.max_model_len)
 
 
 @dataclass
@@ -121,7 +125,7 @@ def load_spec(preset: str) -> Dsv4KvSpec:
 
 
 def base_layout(cfg: SimConfig) -> KvLayout:
-    return plan_kv_layout(load_spec(cfg.preset), cfg.budget_bytes, cfg.max_num_seqs, cfg.max_model_len)
+    return plan_kv_layout(load_spec(cfg.preset), CacheConfig(kv_cache_bytes=cfg.budget_bytes), cfg.limits)
 
 
 def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: KvLayout | None = None,
@@ -134,7 +138,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
     """
     layout = layout or base_layout(cfg)
     bm = build_block_manager(policy, layout, cfg)
-    sched = Scheduler(SchedulerConfig(cfg.max_batched_tokens, cfg.max_num_seqs, cfg.max_model_len), bm, None)
+    sched = Scheduler(cfg.limits, bm, None)
     runner = FakeRunner(vocab_size=VOCAB)
     usable, cost = usable_bytes(layout), exact_page_bytes(layout)
     by_sid = {s.sid: s for s in sessions}

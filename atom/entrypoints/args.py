@@ -12,7 +12,8 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from atom.config import EngineConfig
+from atom import envs
+from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 
 __all__ = ["parse_bytes", "add_serve_arguments", "engine_config_from_args", "ServerArgs", "server_args_from"]
 
@@ -70,6 +71,7 @@ def _port(text: str) -> int:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``atom serve`` flags to ``parser``."""
     d = EngineConfig()
+    ds, dc, dm = d.scheduler, d.cache, d.model
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL_DIR",
                         help="checkpoint directory (config.json, safetensors, tokenizer.json); "
                              "omit it to serve the built-in tiny DeepSeek-V4 model")
@@ -77,31 +79,34 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=_port, default=8000, help="port (default: %(default)s; 0 = any free port)")
     parser.add_argument("--api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on /v1/* (default: no key)")
-    parser.add_argument("--max-model-len", type=_positive_int, default=d.max_model_len,
+    parser.add_argument("--max-model-len", type=_positive_int, default=ds.max_model_len,
                         help="longest prompt + output in tokens (default: %(default)s)")
-    parser.add_argument("--max-num-seqs", type=_positive_int, default=d.max_num_seqs,
+    parser.add_argument("--max-num-seqs", type=_positive_int, default=ds.max_num_seqs,
                         help="most requests running at once (default: %(default)s)")
-    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=d.max_num_batched_tokens,
+    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=ds.max_num_batched_tokens,
                         help="token budget of one engine step (default: %(default)s)")
-    parser.add_argument("--kv-cache-memory", type=_size_arg, default=d.kv_cache_memory, metavar="SIZE",
+    parser.add_argument("--kv-cache-memory", type=_size_arg, default=dc.kv_cache_bytes, metavar="SIZE",
                         help="bytes for the KV arena, e.g. 2GiB or 512MiB (default: 1GiB)")
-    parser.add_argument("--block-size", type=_nonneg_int, default=d.block_size,
+    parser.add_argument("--block-size", type=_nonneg_int, default=dc.block_size,
                         help="tokens per KV block; 0 = the model's own (default: %(default)s)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=d.enable_prefix_caching, help="reuse KV of shared prompt prefixes (default: on)")
+                        default=dc.enable_prefix_caching, help="reuse KV of shared prompt prefixes (default: on)")
     parser.add_argument("--served-model-name", default=None,
                         help="model name clients must send (default: the model directory's name)")
-    parser.add_argument("--seed", type=_nonneg_int, default=d.seed, help="engine seed (default: %(default)s)")
+    parser.add_argument("--seed", type=_nonneg_int, default=dm.seed, help="engine seed (default: %(default)s)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="server log level (default: %(default)s)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """The one config the CLI builds. Raises ``ValueError`` (from EngineConfig) on bad combinations."""
-    return EngineConfig(model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
-                        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
-                        served_model_name=args.served_model_name, seed=args.seed)
+    """The one config the CLI builds (retention settings from the environment). Raises
+    ``ValueError`` (from the configs) on bad combinations."""
+    return EngineConfig(
+        model=ModelConfig(path=args.model, served_model_name=args.served_model_name, seed=args.seed),
+        scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
+                                  max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
+        cache=CacheConfig.from_env(envs.load(), kv_cache_bytes=args.kv_cache_memory, block_size=args.block_size,
+                                   enable_prefix_caching=args.enable_prefix_caching))
 
 
 @dataclass(frozen=True)

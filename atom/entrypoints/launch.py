@@ -80,7 +80,7 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         net = server_args_from(args)
     except ValueError as exc:
         parser.error(str(exc))
-    print(f"atom: loading {config.model or 'the built-in tiny DeepSeek-V4 model'} ...", file=sys.stderr, flush=True)
+    print(f"atom: loading {config.model.path or 'the built-in tiny DeepSeek-V4 model'} ...", file=sys.stderr, flush=True)
     try:
         engine = load_engine(config)
     except (ValueError, OSError) as exc:

@@ -28,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
+from atom.validation import require_int
+
 __all__ = ["BenchConfig", "BenchReport", "RequestResult", "run_bench", "add_bench_arguments", "bench_from_args"]
 
 _LOOPBACK_NAMES = ("localhost",)
@@ -67,9 +69,7 @@ class BenchConfig:
                              "(127.0.0.1, ::1 or localhost)")
         for name, lo, hi in (("num_requests", 1, 100_000), ("concurrency", 1, 1024), ("prompt_len", 1, 1_000_000),
                              ("output_len", 1, 1_000_000), ("token_low", 0, 10**7), ("token_high", 1, 10**7)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                raise ValueError(f"{name}={value!r} must be an integer in [{lo}, {hi}]")
+            require_int(name, getattr(self, name), lo, hi)
         if self.token_low >= self.token_high:
             raise ValueError(f"token range [{self.token_low}, {self.token_high}) is empty")
         if not (self.request_rate > 0):

@@ -17,6 +17,7 @@ page this owner never held raises :class:`ArenaError`; borrowing from an empty a
 
 from __future__ import annotations
 
+from atom.validation import require_int
 __all__ = ["ArenaEmpty", "ArenaError", "ChunkArena", "ChunkBackedFreeList"]
 
 
@@ -36,8 +37,7 @@ class ChunkArena:
     """
 
     def __init__(self, num_chunks: int) -> None:
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 0:
-            raise ValueError(f"num_chunks={num_chunks!r} must be an integer >= 0")
+        require_int("num_chunks", num_chunks, 0)
         self.num_chunks = num_chunks
         self._free: list[int] = list(range(num_chunks - 1, -1, -1))
         self._is_free = [True] * num_chunks
@@ -79,8 +79,7 @@ class ChunkBackedFreeList:
     """
 
     def __init__(self, arena: ChunkArena, pages_per_chunk: int, name: str) -> None:
-        if isinstance(pages_per_chunk, bool) or not isinstance(pages_per_chunk, int) or pages_per_chunk < 1:
-            raise ValueError(f"pages_per_chunk={pages_per_chunk!r} must be an integer >= 1")
+        require_int("pages_per_chunk", pages_per_chunk, 1)
         self.arena = arena
         self.pages_per_chunk = pages_per_chunk
         self.name = name

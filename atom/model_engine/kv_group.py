@@ -6,6 +6,7 @@ Kept in its own module so that config, layout, arena and model code all ask the 
 
 from __future__ import annotations
 
+from atom.validation import require_int
 __all__ = ["CSA_RATIO", "group_of_ratio", "is_csa", "is_hca"]
 
 CSA_RATIO = 4
@@ -13,8 +14,7 @@ CSA_RATIO = 4
 
 def group_of_ratio(ratio: int) -> str:
     """``0 -> "dense"`` (SWA only), ``4 -> "c4"`` (CSA), ``r -> f"c{r}"`` (HCA, e.g. ``c128``)."""
-    if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 0:
-        raise ValueError(f"compress ratio {ratio!r} must be an integer >= 0")
+    require_int("compress ratio", ratio, 0)
     return "dense" if ratio == 0 else f"c{ratio}"
 
 

@@ -34,12 +34,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
-from atom.config import Dsv4KvSpec
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.model_engine.kv_group import group_of_ratio, is_csa
+from atom.validation import require_int
 
-__all__ = ["ArenaGroupSpec", "RowRegion", "CsaStateRegion", "KvLayout", "plan_kv_layout",
-           "InsufficientKvMemory", "choose_chunk_pages"]
+__all__ = ["ArenaGroupSpec", "RowRegion", "CsaStateRegion", "KvLayout", "plan_kv_layout", "ChunkShape",
+           "chunk_shape", "InsufficientKvMemory", "choose_chunk_pages"]
 
 _ALIGN = 8  # every region starts 8-byte aligned so fp32 / bf16 / uint8 views are all legal
 
@@ -157,6 +159,19 @@ class KvLayout:
     compress_pages_per_chunk: int  # k
     swa_page_bytes: int
     num_chunks: int
+
+    @classmethod
+    def for_chunks(cls, spec: Dsv4KvSpec, num_chunks: int, limits: SchedulerConfig,
+                   cache: CacheConfig | None = None) -> "KvLayout":
+        """The layout with exactly ``num_chunks`` arena chunks; its ``kv_cache_bytes`` is the
+        smallest budget that gives them (state pool + whole chunks), so :func:`plan_kv_layout`
+        with that budget returns the same layout. Tests and benchmarks size arenas in chunks with
+        it. ``cache`` supplies the chunk-shape settings (its ``kv_cache_bytes`` is ignored)."""
+        require_int("num_chunks", num_chunks, 0)
+        geometry = chunk_shape(spec, cache or CacheConfig())
+        m, spb, _ = geometry
+        budget = limits.max_num_seqs * spec.request_state_bytes + num_chunks * m * spb
+        return _layout_with_chunks(spec, geometry, budget, num_chunks, limits)
 
     @property
     def chunk_bytes(self) -> int:
@@ -278,34 +293,53 @@ def request_chunks_needed(layout_m: int, layout_k: int, spec: Dsv4KvSpec, max_mo
     return chunks
 
 
-def plan_kv_layout(spec: Dsv4KvSpec, kv_cache_bytes: int, max_live_requests: int, max_model_len: int,
-                   chunk_pages: int = 0, packing_target: float = 0.985, max_chunk_pages: int = 8) -> KvLayout:
-    """Size the arena for ``spec`` inside ``kv_cache_bytes``.
+class ChunkShape(NamedTuple):
+    """The shape of one arena chunk, fixed by the spec and the cache settings (not the budget)."""
 
-    The live compressor-state pool (``max_live_requests`` slots) is taken off the budget first;
-    the rest becomes whole chunks. Raises :class:`InsufficientKvMemory` (saying how many bytes are
-    needed) when one request of ``max_model_len`` tokens would not fit, and ``ValueError`` on a
-    negative or non-integer size.
-    """
-    for name, value in (("kv_cache_bytes", kv_cache_bytes), ("max_live_requests", max_live_requests),
-                        ("max_model_len", max_model_len), ("max_chunk_pages", max_chunk_pages)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an integer >= 1")
-    if isinstance(chunk_pages, bool) or not isinstance(chunk_pages, int) or chunk_pages < 0:
-        raise ValueError(f"chunk_pages={chunk_pages!r} must be an integer >= 0 (0 = choose)")
-    m = chunk_pages or choose_chunk_pages(spec, packing_target, max_chunk_pages)
+    chunk_pages: int  # m: SWA pages per chunk
+    swa_page_bytes: int
+    compress_pages_per_chunk: int  # k
+
+
+def chunk_shape(spec: Dsv4KvSpec, cache: CacheConfig) -> ChunkShape:
+    """The chunk shape ``spec`` gets under ``cache`` (``chunk_pages`` 0 = choose by packing)."""
+    if cache.block_size and cache.block_size != spec.block_size:
+        raise ValueError(f"block_size={cache.block_size} but the KV spec was built with block_size="
+                         f"{spec.block_size}; build the spec from the cache config")
+    m = cache.chunk_pages or choose_chunk_pages(spec, cache.packing_target, cache.max_chunk_pages)
     spb = _swa_page_bytes(spec, m)
     k = _pages_that_fit(spec, m * spb)
     if spec.compressed_layers and k == 0:
         raise ValueError(f"chunk_pages={m} gives chunks too small for one compressed block")
-    state = max_live_requests * spec.request_state_bytes
-    num_chunks = max(0, (kv_cache_bytes - state) // (m * spb))
-    need_chunks = request_chunks_needed(m, k, spec, max_model_len)
+    return ChunkShape(m, spb, k)
+
+
+def _layout_with_chunks(spec: Dsv4KvSpec, geometry: ChunkShape, budget: int, num_chunks: int,
+                        limits: SchedulerConfig) -> KvLayout:
+    m, spb, k = geometry
+    state = limits.max_num_seqs * spec.request_state_bytes
+    need_chunks = request_chunks_needed(m, k, spec, limits.max_model_len)
     if num_chunks < need_chunks:
         need = state + need_chunks * m * spb
         raise InsufficientKvMemory(
-            f"KV cache budget {kv_cache_bytes} B ({kv_cache_bytes / 2**30:.3f} GiB) cannot hold one request "
-            f"of {max_model_len} tokens: it needs at least {need} B ({need / 2**30:.3f} GiB) = "
-            f"{need_chunks} chunks of {m * spb} B + compressor state for {max_live_requests} live "
+            f"KV cache budget {budget} B ({budget / 2**30:.3f} GiB) cannot hold one request "
+            f"of {limits.max_model_len} tokens: it needs at least {need} B ({need / 2**30:.3f} GiB) = "
+            f"{need_chunks} chunks of {m * spb} B + compressor state for {limits.max_num_seqs} live "
             f"requests ({state} B). Raise the KV memory, or lower max_model_len / max_num_seqs.")
-    return KvLayout(spec, kv_cache_bytes, max_live_requests, m, k, spb, num_chunks)
+    return KvLayout(spec, budget, limits.max_num_seqs, m, k, spb, num_chunks)
+
+
+def plan_kv_layout(spec: Dsv4KvSpec, cache: CacheConfig, limits: SchedulerConfig) -> KvLayout:
+    """Size the arena for ``spec`` inside ``cache.kv_cache_bytes``.
+
+    The live compressor-state pool (``limits.max_num_seqs`` slots) is taken off the budget first;
+    the rest becomes whole chunks. Raises :class:`InsufficientKvMemory` (saying how many bytes are
+    needed) when one request of ``limits.max_model_len`` tokens would not fit. The sizes themselves
+    were validated by the two configs.
+    """
+    geometry = chunk_shape(spec, cache)
+    m, spb, _ = geometry
+    state = limits.max_num_seqs * spec.request_state_bytes
+    num_chunks = max(0, (cache.kv_cache_bytes - state) // (m * spb))
+    return _layout_with_chunks(spec, geometry, cache.kv_cache_bytes, num_chunks, limits)
+

@@ -7,6 +7,7 @@ leaked into a resumed request's first compression.
 
 from __future__ import annotations
 
+from atom.validation import require_int
 __all__ = ["StateSlotPool"]
 
 
@@ -14,8 +15,7 @@ class StateSlotPool:
     """Free slot ids, lowest first."""
 
     def __init__(self, num_slots: int) -> None:
-        if num_slots < 1:
-            raise ValueError(f"num_slots={num_slots} must be >= 1")
+        require_int("num_slots", num_slots, 1)
         self.num_slots = num_slots
         self._free = list(range(num_slots - 1, -1, -1))
         self._used: set[int] = set()

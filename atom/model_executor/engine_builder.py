@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from atom import envs
-from atom.config import CacheConfig, Dsv4KvSpec, EngineConfig
+from atom.config import Dsv4KvSpec, EngineConfig
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.kv_layout import plan_kv_layout
 from atom.model_engine.scheduler import Scheduler
@@ -28,32 +28,35 @@ def kv_spec_of(cfg: DeepseekV4Config, block_size: int = 0) -> Dsv4KvSpec:
                       row_format="fp32", block_size=block_size)
 
 
-def build_engine(engine_cls: type, config: EngineConfig, *, cache: CacheConfig | None = None,
-                 keep_logits: bool = False, kernel_backend: str | None = None, batch_invariant: bool = False,
+def build_engine(engine_cls: type, config: EngineConfig, *, keep_logits: bool = False,
+                 kernel_backend: str | None = None, batch_invariant: bool = False,
                  poison: bool | None = None) -> Any:
-    """An ``engine_cls`` (LLMEngine) serving ``config.model`` (None: the built-in tiny model).
+    """An ``engine_cls`` (LLMEngine) serving ``config.model.path`` (None: the built-in tiny model).
 
-    ``cache`` overrides the cache settings otherwise derived from ``config`` and the environment
-    (tests use it to set the retention flags); ``poison`` fills the arena with NaN (default: the
-    ``ATOM_DEBUG_NAN_ARENA`` flag).
+    ``poison`` fills the arena with NaN (default: the ``ATOM_DEBUG_NAN_ARENA`` flag).
     """
     from atom.builtin_model import ensure_builtin_model
     from atom.tokenizer import Tokenizer
 
+    if config.parallel.tensor_parallel_size != 1:
+        raise ValueError(f"tensor_parallel_size={config.parallel.tensor_parallel_size}: this engine runs the "
+                         "model on one device; accepted: 1")
     env = envs.load()
-    model_dir = Path(config.model) if config.model else ensure_builtin_model()
+    path = config.model.path
+    model_dir = Path(path) if path else ensure_builtin_model()
     if not model_dir.is_dir():
         raise ValueError(f"model directory {model_dir} does not exist")
     model = load_checkpoint(model_dir, batch_invariant=batch_invariant)
     tokenizer = Tokenizer.from_dir(model_dir)
     if tokenizer.vocab_size > model.cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model.cfg.vocab_size}")
-    spec = kv_spec_of(model.cfg, config.block_size)
-    layout = plan_kv_layout(spec, config.kv_cache_memory, config.max_num_seqs, config.max_model_len)
-    bm = BlockManager(layout, cache if cache is not None else config.cache(env))
+    spec = kv_spec_of(model.cfg, config.cache.block_size)
+    layout = plan_kv_layout(spec, config.cache, config.scheduler)
+    bm = BlockManager(layout, config.cache)
     scheduler = Scheduler(config.scheduler, bm, eos_token_id=tokenizer.eos_token_id)
-    runner = ModelRunner(model, layout, max_model_len=config.max_model_len, seed=config.seed,
+    max_model_len = config.scheduler.max_model_len
+    runner = ModelRunner(model, layout, max_model_len=max_model_len, seed=config.model.seed,
                          poison=env.debug_nan_arena if poison is None else poison,
                          kernel_backend=kernel_backend, keep_logits=keep_logits)
-    name = config.served_model_name or (model_dir.name if config.model else "atom-tiny-dsv4")
-    return engine_cls(scheduler, runner, tokenizer, model_name=name, max_model_len=config.max_model_len)
+    name = config.model.served_model_name or (model_dir.name if path else "atom-tiny-dsv4")
+    return engine_cls(scheduler, runner, tokenizer, model_name=name, max_model_len=max_model_len)

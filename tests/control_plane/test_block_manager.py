@@ -34,12 +34,11 @@ def test_vacant_ids_are_used_before_any_cached_block_is_evicted(harness):
 
 
 def small_pool(num_chunks: int) -> BlockPool:
-    from atom.config import Dsv4KvSpec
-    from atom.model_engine.kv_layout import plan_kv_layout
+    from atom.config import Dsv4KvSpec, SchedulerConfig
+    from atom.model_engine.kv_layout import KvLayout
     spec = Dsv4KvSpec(compress_ratios=(0, 4, 16), sliding_window=8, head_dim=32, rope_head_dim=8,
                       index_head_dim=16, row_format="fp32")
-    probe = plan_kv_layout(spec, 1 << 26, 1, 16)
-    lay = plan_kv_layout(spec, probe.state_pool_bytes + num_chunks * probe.chunk_bytes, 1, 16)
+    lay = KvLayout.for_chunks(spec, num_chunks, SchedulerConfig(max_num_seqs=1, max_model_len=16))
     arena = UnifiedKvArena(lay)
     return BlockPool(COMPRESS, arena, lay.max_compressed_pages)
 

@@ -4,7 +4,9 @@ import dataclasses
 
 import pytest
 
-from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
+from atom.config import (CacheConfig, Dsv4KvSpec, EngineConfig, ParallelConfig, SchedulerConfig, load_hf_config,
+                         preset_path)
+from atom.validation import require_int
 
 
 def flash_cfg():
@@ -56,7 +58,7 @@ def test_configs_are_frozen():
 
 def test_a_retention_interval_without_full_retain_is_rejected():
     with pytest.raises(ValueError, match="needs swa_full_retain"):
-        CacheConfig(kv_cache_bytes=1 << 20, max_model_len=64, max_num_seqs=2, swa_retention_interval=256)
+        CacheConfig(kv_cache_bytes=1 << 20, swa_retention_interval=256)
 
 
 def test_a_missing_or_broken_config_json_is_reported(tmp_path):
@@ -67,3 +69,29 @@ def test_a_missing_or_broken_config_json_is_reported(tmp_path):
         load_hf_config(tmp_path)
     with pytest.raises(ValueError, match="unknown preset"):
         preset_path("deepseek_v9")
+
+
+def test_the_engine_config_composes_one_config_per_subsystem_and_checks_each_part():
+    cfg = EngineConfig()
+    assert (cfg.scheduler.max_model_len, cfg.cache.kv_cache_bytes, cfg.model.path) == (4096, 1 << 30, None)
+    assert cfg.parallel == ParallelConfig(tensor_parallel_size=1, enable_expert_parallel=False)
+    with pytest.raises(ValueError, match="scheduler=.* must be a SchedulerConfig"):
+        EngineConfig(scheduler=CacheConfig())
+    with pytest.raises(ValueError, match="tensor_parallel_size=0 must be an integer >= 1"):
+        ParallelConfig(tensor_parallel_size=0)
+    with pytest.raises(ValueError, match="enable_expert_parallel='yes' must be True or False"):
+        ParallelConfig(enable_expert_parallel="yes")
+    with pytest.raises(ValueError, match="max_model_len=1 must be an integer >= 2"):
+        SchedulerConfig(max_model_len=1)
+
+
+@pytest.mark.parametrize("value,maximum,message", [
+    (True, None, "n=True must be an integer >= 1"),
+    (2.0, None, "n=2.0 must be an integer >= 1"),
+    (0, None, "n=0 must be an integer >= 1"),
+    (9, 8, r"n=9 must be an integer in \[1, 8\]"),
+])
+def test_the_integer_check_rejects_bools_floats_and_out_of_range_values(value, maximum, message):
+    with pytest.raises(ValueError, match=message):
+        require_int("n", value, 1, maximum)
+    assert require_int("n", 3, 1, 8) == 3

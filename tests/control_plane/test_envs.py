@@ -50,7 +50,7 @@ def test_every_registered_variable_has_a_doc_line_in_the_generated_table():
 
 def test_cache_config_takes_the_retention_flags_from_the_parsed_environment():
     env = envs.load({"ATOM_SWA_FULL_RETAIN": "yes", "ATOM_SWA_RETENTION_INTERVAL": "256"})
-    cfg = CacheConfig.from_env(env, kv_cache_bytes=1 << 20, max_model_len=64, max_num_seqs=2)
+    cfg = CacheConfig.from_env(env, kv_cache_bytes=1 << 20)
     assert (cfg.swa_full_retain, cfg.swa_retention_interval) == (True, 256)
 
 

@@ -2,14 +2,19 @@
 
 import pytest
 
-from atom.config import Dsv4KvSpec, load_hf_config, preset_path
-from atom.model_engine.kv_layout import InsufficientKvMemory, choose_chunk_pages, plan_kv_layout
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
+from atom.model_engine.kv_layout import InsufficientKvMemory, KvLayout, choose_chunk_pages, plan_kv_layout
 
 GIB = 1 << 30
 
 
 def real_spec(name: str, fmt: str = "fp8_ds_mla") -> Dsv4KvSpec:
     return Dsv4KvSpec.from_hf_config(load_hf_config(preset_path(name)), row_format=fmt)
+
+
+def plan(spec: Dsv4KvSpec, kv_cache_bytes: int, max_num_seqs: int, max_model_len: int, chunk_pages: int = 0):
+    return plan_kv_layout(spec, CacheConfig(kv_cache_bytes=kv_cache_bytes, chunk_pages=chunk_pages),
+                          SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len))
 
 
 def tiny_spec(**kw) -> Dsv4KvSpec:
@@ -28,7 +33,7 @@ def test_flash_fp8_blocks_have_the_published_sizes():
 
 
 def test_one_swa_page_per_chunk_packs_flash_compressed_blocks_at_95_percent():
-    lay = plan_kv_layout(real_spec("deepseek_v4_flash"), 40 * GIB, 64, 1 << 20, chunk_pages=1)
+    lay = plan(real_spec("deepseek_v4_flash"), 40 * GIB, 64, 1 << 20, chunk_pages=1)
     assert lay.compress_pages_per_chunk == 8
     assert 0.945 < lay.compressed_packing < 0.951
 
@@ -37,7 +42,7 @@ def test_one_swa_page_per_chunk_packs_flash_compressed_blocks_at_95_percent():
 def test_the_chunk_size_is_chosen_to_pack_compressed_blocks_at_the_target(name, expected_m, min_packing):
     spec = real_spec(name)
     assert choose_chunk_pages(spec, 0.985, 8) == expected_m
-    lay = plan_kv_layout(spec, 40 * GIB, 64, 1 << 20)
+    lay = plan(spec, 40 * GIB, 64, 1 << 20)
     assert lay.chunk_pages == expected_m
     assert lay.compressed_packing >= min_packing
     assert lay.swa_packing >= 0.997
@@ -45,7 +50,7 @@ def test_the_chunk_size_is_chosen_to_pack_compressed_blocks_at_the_target(name, 
 
 def test_the_state_pool_is_taken_off_the_budget_before_chunks():
     spec = real_spec("deepseek_v4_flash")
-    lay = plan_kv_layout(spec, 40 * GIB, 64, 1 << 20)
+    lay = plan(spec, 40 * GIB, 64, 1 << 20)
     assert lay.state_pool_bytes == 64 * spec.request_state_bytes
     assert lay.state_pool_bytes + lay.arena_bytes <= 40 * GIB
     assert 40 * GIB - lay.state_pool_bytes - lay.arena_bytes < lay.chunk_bytes
@@ -73,7 +78,7 @@ def byte_ranges(lay):
 @pytest.mark.parametrize("spec", [real_spec("deepseek_v4_flash"), real_spec("deepseek_v4_pro", "bf16"), tiny_spec()],
                          ids=["flash-fp8", "pro-bf16", "tiny-fp32"])
 def test_regions_inside_a_page_and_a_chunk_never_overlap_and_stay_inside(spec):
-    lay = plan_kv_layout(spec, 40 * GIB, 8, 4096)
+    lay = plan(spec, 40 * GIB, 8, 4096)
     swa, comp = byte_ranges(lay)
     for ranges, limit in ((swa, lay.swa_page_bytes), (comp, lay.chunk_bytes)):
         for (a0, a1, an), (b0, b1, bn) in zip(ranges, ranges[1:]):
@@ -83,7 +88,7 @@ def test_regions_inside_a_page_and_a_chunk_never_overlap_and_stay_inside(spec):
 
 
 def test_row_strides_divide_pages_and_chunks_so_2d_row_views_are_exact():
-    lay = plan_kv_layout(real_spec("deepseek_v4_flash"), 40 * GIB, 64, 1 << 20)
+    lay = plan(real_spec("deepseek_v4_flash"), 40 * GIB, 64, 1 << 20)
     assert lay.swa_page_bytes % 584 == 0 and lay.chunk_bytes % 584 == 0 and lay.chunk_bytes % 132 == 0
     r = lay.swa_rows(2)
     assert r.page_rows * 584 == lay.swa_page_bytes and r.page_rows != lay.spec.block_size
@@ -97,7 +102,7 @@ def test_row_strides_divide_pages_and_chunks_so_2d_row_views_are_exact():
 def test_tiny_geometry_block_size_is_the_lcm_of_its_ratios():
     spec = tiny_spec()
     assert spec.block_size == 16 and spec.entries_per_block(1) == 4 and spec.entries_per_block(2) == 1
-    groups = plan_kv_layout(spec, 1 << 24, 4, 256).group_specs()
+    groups = plan(spec, 1 << 24, 4, 256).group_specs()
     assert sorted(groups) == ["c16", "c4", "dense"]
     assert groups["c4"].layers == (1, 3, 5) and len(groups["c4"].csa_state_offs) == 3
     assert groups["dense"].compressed_offsets == ()
@@ -106,13 +111,25 @@ def test_tiny_geometry_block_size_is_the_lcm_of_its_ratios():
 def test_a_budget_that_cannot_hold_one_max_length_request_says_how_much_is_needed():
     spec = real_spec("deepseek_v4_flash")
     with pytest.raises(InsufficientKvMemory, match=r"needs at least \d+ B \(\d+\.\d+ GiB\)"):
-        plan_kv_layout(spec, 1 * GIB, 64, 1 << 20)
+        plan(spec, 1 * GIB, 64, 1 << 20)
 
 
-@pytest.mark.parametrize("field,value", [("kv_cache_bytes", -5), ("kv_cache_bytes", 2.5), ("max_model_len", 0),
-                                         ("max_live_requests", "8")])
-def test_negative_or_non_integer_sizes_raise_value_error(field, value):
-    args = dict(kv_cache_bytes=40 * GIB, max_live_requests=8, max_model_len=4096)
-    args[field] = value
+@pytest.mark.parametrize("config,field,value", [(CacheConfig, "kv_cache_bytes", -5), (CacheConfig, "kv_cache_bytes", 2.5),
+                                                (SchedulerConfig, "max_model_len", 0),
+                                                (SchedulerConfig, "max_num_seqs", "8")])
+def test_negative_or_non_integer_sizes_raise_value_error(config, field, value):
     with pytest.raises(ValueError, match=field):
-        plan_kv_layout(real_spec("deepseek_v4_flash"), **args)
+        config(**{field: value})
+
+
+def test_a_layout_for_a_chunk_count_is_the_plan_for_its_budget():
+    limits = SchedulerConfig(max_num_seqs=2, max_model_len=64)
+    lay = KvLayout.for_chunks(tiny_spec(), 7, limits)
+    assert lay.num_chunks == 7
+    assert plan_kv_layout(tiny_spec(), CacheConfig(kv_cache_bytes=lay.kv_cache_bytes), limits) == lay
+    assert plan_kv_layout(tiny_spec(), CacheConfig(kv_cache_bytes=lay.kv_cache_bytes - 1), limits).num_chunks == 6
+
+
+def test_a_cache_block_size_other_than_the_specs_is_rejected():
+    with pytest.raises(ValueError, match="block_size=32 but the KV spec"):
+        plan_kv_layout(tiny_spec(), CacheConfig(block_size=32), SchedulerConfig())

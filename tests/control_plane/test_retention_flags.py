@@ -109,6 +109,6 @@ def test_a_pin_is_released_when_its_compressed_prefix_is_evicted(harness):
 
 def test_a_retention_interval_needs_full_retain_and_a_whole_number_of_blocks(harness):
     with pytest.raises(ValueError, match="needs swa_full_retain"):
-        CacheConfig(kv_cache_bytes=1 << 24, max_model_len=64, max_num_seqs=1, swa_retention_interval=32)
+        CacheConfig(kv_cache_bytes=1 << 24, swa_retention_interval=32)
     with pytest.raises(ValueError, match="multiple of the block size 16"):
         harness(full_retain=True, interval=24)

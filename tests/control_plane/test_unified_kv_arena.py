@@ -5,18 +5,17 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from atom.config import Dsv4KvSpec
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError
-from atom.model_engine.kv_layout import plan_kv_layout
+from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
 
 
 def tiny_layout(num_chunks: int, chunk_pages: int = 1):
     spec = Dsv4KvSpec(compress_ratios=(0, 4, 16, 4, 16, 4, 0), sliding_window=8, head_dim=32, rope_head_dim=8,
                       index_head_dim=16, row_format="fp32", num_mtp_layers=1)
-    probe = plan_kv_layout(spec, 1 << 26, 1, 16, chunk_pages=chunk_pages)
-    budget = probe.state_pool_bytes + num_chunks * probe.chunk_bytes
-    lay = plan_kv_layout(spec, budget, 1, 16, chunk_pages=chunk_pages)
+    lay = KvLayout.for_chunks(spec, num_chunks, SchedulerConfig(max_num_seqs=1, max_model_len=16),
+                              CacheConfig(chunk_pages=chunk_pages))
     assert lay.num_chunks == num_chunks
     return lay
 

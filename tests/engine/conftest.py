@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from atom.builtin_model import ensure_builtin_model
-from atom.config import CacheConfig, EngineConfig
-from atom.model_engine.kv_layout import plan_kv_layout
+from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_executor.engine_builder import build_engine, kv_spec_of
 from atom.models.deepseek_v4.checkpoint import load_checkpoint
@@ -28,23 +28,15 @@ def reference(tiny_dir):
     return load_checkpoint(tiny_dir)
 
 
-def chunks_budget(model_cfg, num_chunks: int, max_seqs: int, max_model_len: int) -> int:
-    """kv_cache_memory that gives exactly ``num_chunks`` arena chunks."""
-    probe = plan_kv_layout(kv_spec_of(model_cfg), 1 << 30, max_seqs, max_model_len)
-    return probe.state_pool_bytes + num_chunks * probe.chunk_bytes
-
-
 @pytest.fixture
 def make_engine(tiny_dir, reference):
     def make(*, budget=37, max_seqs=8, max_model_len=512, num_chunks=200, full_retain=False, interval=0,
              prefix_caching=True, poison=True, backend=None, batch_invariant=False) -> LLMEngine:
-        kv = chunks_budget(reference.cfg, num_chunks, max_seqs, max_model_len)
-        cfg = EngineConfig(model=str(tiny_dir), max_model_len=max_model_len, max_num_seqs=max_seqs,
-                           max_num_batched_tokens=budget, kv_cache_memory=kv,
-                           enable_prefix_caching=prefix_caching)
-        cache = CacheConfig(kv_cache_bytes=kv, max_model_len=max_model_len, max_num_seqs=max_seqs,
-                            enable_prefix_caching=prefix_caching, swa_full_retain=full_retain,
+        limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=max_model_len)
+        kv = KvLayout.for_chunks(kv_spec_of(reference.cfg), num_chunks, limits).kv_cache_bytes
+        cache = CacheConfig(kv_cache_bytes=kv, enable_prefix_caching=prefix_caching, swa_full_retain=full_retain,
                             swa_retention_interval=interval)
-        return build_engine(LLMEngine, cfg, cache=cache, keep_logits=True, poison=poison,
-                            kernel_backend=backend, batch_invariant=batch_invariant)
+        cfg = EngineConfig(ModelConfig(path=str(tiny_dir)), limits, cache)
+        return build_engine(LLMEngine, cfg, keep_logits=True, poison=poison, kernel_backend=backend,
+                            batch_invariant=batch_invariant)
     return make

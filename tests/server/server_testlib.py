@@ -13,12 +13,18 @@ from typing import Any
 import httpx
 
 from atom.builtin_model import BUILTIN_MODEL_NAME
-from atom.config import EngineConfig
+from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atom.entrypoints.args import ServerArgs
 from atom.entrypoints.launch import Server, load_engine
 from atom.entrypoints.openai_server import build_app
 
-SMALL = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=512, kv_cache_memory=32 << 20)
+SMALL_SCHEDULER = SchedulerConfig(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=512)
+
+
+def small_config(model_dir, enable_prefix_caching: bool = True) -> EngineConfig:
+    """The small engine every server test serves (32 MiB of KV)."""
+    return EngineConfig(ModelConfig(path=str(model_dir), served_model_name=BUILTIN_MODEL_NAME), SMALL_SCHEDULER,
+                        CacheConfig(kv_cache_bytes=32 << 20, enable_prefix_caching=enable_prefix_caching))
 
 
 @dataclasses.dataclass
@@ -56,9 +62,8 @@ class RunningServer:
 
 
 def start_server(model_dir, *, api_key: str | None = None, max_body_bytes: int | None = None,
-                 **config: Any) -> RunningServer:
-    cfg = EngineConfig(model=str(model_dir), served_model_name=BUILTIN_MODEL_NAME, **{**SMALL, **config})
-    engine = load_engine(cfg)
+                 enable_prefix_caching: bool = True) -> RunningServer:
+    engine = load_engine(small_config(model_dir, enable_prefix_caching))
     kw = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
     server = Server(build_app(engine, api_key=api_key, **kw), ServerArgs(port=0, log_level="warning"),
                     announce=False)

@@ -4,17 +4,14 @@ import asyncio
 
 import pytest
 
-from atom.builtin_model import BUILTIN_MODEL_NAME
-from atom.config import EngineConfig
 from atom.entrypoints.launch import load_engine
 from atom.sampling_params import SamplingParams
-from server_testlib import SMALL
+from server_testlib import small_config
 
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    eng = load_engine(EngineConfig(model=str(model_dir), served_model_name=BUILTIN_MODEL_NAME,
-                                   **{**SMALL, "enable_prefix_caching": False}))
+    eng = load_engine(small_config(model_dir, enable_prefix_caching=False))
     eng.start()
     yield eng
     eng.call_sync(lambda e: e.check_integrity())

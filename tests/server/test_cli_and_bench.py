@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from atom.builtin_model import BUILTIN_MODEL_NAME
-from atom.config import EngineConfig
+from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atom.entrypoints import cli
 from atom.entrypoints.args import ServerArgs, engine_config_from_args, parse_bytes
 from atom.entrypoints.serve_bench import BenchConfig, make_prompts, percentiles, run_bench
@@ -37,10 +37,11 @@ def test_serve_flags_build_exactly_one_engine_config():
          "--kv-cache-memory", "8MiB", "--block-size", "16", "--no-enable-prefix-caching", "--served-model-name", "m",
          "--seed", "7", "--port", "0", "--api-key", "k"])
     assert engine_config_from_args(args) == EngineConfig(
-        model="/models/x", max_model_len=512, max_num_seqs=3, max_num_batched_tokens=64, kv_cache_memory=8 << 20,
-        block_size=16, enable_prefix_caching=False, served_model_name="m", seed=7)
+        ModelConfig(path="/models/x", served_model_name="m", seed=7),
+        SchedulerConfig(max_model_len=512, max_num_seqs=3, max_num_batched_tokens=64),
+        CacheConfig(kv_cache_bytes=8 << 20, block_size=16, enable_prefix_caching=False))
     defaults = engine_config_from_args(cli.build_parser().parse_args(["serve"]))
-    assert defaults == EngineConfig() and defaults.model is None
+    assert defaults == EngineConfig() and defaults.model.path is None
 
 
 @pytest.mark.parametrize("argv,fragment", [

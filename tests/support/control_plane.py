@@ -8,7 +8,7 @@ from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.fake_runner import FakeRunner
 from atom.model_engine.kv_content_model import KvContentModel
-from atom.model_engine.kv_layout import plan_kv_layout
+from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
 from atom.sampling_params import SamplingParams
@@ -63,15 +63,11 @@ class Harness:
 def make_harness(num_chunks=40, chunk_pages=1, max_seqs=4, budget=32, max_model_len=512, full_retain=False,
                  interval=0, pin_fraction=0.25, prefix_caching=True, spec_overrides=None) -> Harness:
     spec = Dsv4KvSpec(**{**TINY, **(spec_overrides or {})})
-    probe = plan_kv_layout(spec, 1 << 30, max_seqs, max_model_len, chunk_pages=chunk_pages)
-    kv_bytes = probe.state_pool_bytes + num_chunks * probe.chunk_bytes
-    layout = plan_kv_layout(spec, kv_bytes, max_seqs, max_model_len, chunk_pages=chunk_pages)
-    cache = CacheConfig(kv_cache_bytes=kv_bytes, max_model_len=max_model_len, max_num_seqs=max_seqs,
-                        enable_prefix_caching=prefix_caching, swa_full_retain=full_retain,
+    limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=max_model_len)
+    cache = CacheConfig(chunk_pages=chunk_pages, enable_prefix_caching=prefix_caching, swa_full_retain=full_retain,
                         swa_retention_interval=interval, swa_pin_fraction=pin_fraction)
-    bm = BlockManager(layout, cache)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-                                      max_model_len=max_model_len), bm, eos_token_id=None)
+    bm = BlockManager(KvLayout.for_chunks(spec, num_chunks, limits, cache), cache)
+    sched = Scheduler(limits, bm, eos_token_id=None)
     content = KvContentModel(spec.block_size, spec.sliding_window, bool(spec.csa_layers),
                              lambda sid: sched.by_id[sid].token_ids)
     return Harness(sched, FakeRunner(vocab_size=997, content=content))
