@@ -38,6 +38,7 @@ __all__ = [
 KV_ROW_FORMATS = ("fp8_ds_mla", "bf16", "fp32")
 
 _CSA_STATE_ROWS = 4  # overlap rows of the CSA compressors kept at a block boundary
+_HCA_STATE_ROWS = 3  # HCA accumulator: running max, running sum of exp, running weighted sum
 _FP32 = 4
 
 
@@ -159,13 +160,15 @@ class Dsv4KvSpec:
         return _CSA_STATE_ROWS * width * 2 * _FP32
 
     def compressor_state_bytes(self, layer: int) -> int:
-        """Live compressor state of one request in one layer (fp32 kv + score ring)."""
+        """Live compressor state of one request in one layer, fp32: CSA keeps a kv + score ring of
+        8 rows (main and indexer compressors); HCA keeps an online softmax accumulator (running max,
+        running sum of exp, running weighted sum: 3 rows of ``head_dim``)."""
         r = self.compress_ratios[layer]
         if r == 0:
             return 0
         if is_csa(r):
             return 2 * r * (2 * self.head_dim + 2 * self.index_head_dim) * 2 * _FP32
-        return r * self.head_dim * 2 * _FP32
+        return _HCA_STATE_ROWS * self.head_dim * _FP32
 
     @property
     def request_state_bytes(self) -> int:

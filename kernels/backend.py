@@ -44,6 +44,7 @@ OPS: dict[str, tuple[str, str, str]] = {
     "compressor_state_update": ("compressor_state", "compressor_state_update", "compressor_state_update_ref"),
     "csa_boundary_capture": ("compressor_state", "csa_boundary_capture", "csa_boundary_capture_ref"),
     "csa_boundary_restore": ("compressor_state", "csa_boundary_restore", "csa_boundary_restore_ref"),
+    "hca_state_update": ("hca_state", "hca_state_update", "hca_state_update_ref"),
     "build_window_index": ("paged_index", "build_window_index", "build_window_index_ref"),
     "build_comp_index": ("paged_index", "build_comp_index", "build_comp_index_ref"),
     "build_paged_index": ("paged_index", "build_paged_index", "build_paged_index_ref"),

@@ -3,8 +3,8 @@
 Measures, with the compiled Triton kernels and ``triton.testing.do_bench`` (CUDA events):
 
 * effective bandwidth (bytes read + written / time) of ``swa_write`` (decode and window-only /
-  full-retain prefill), ``compressor_state_update``, ``csa_boundary_capture`` / ``restore`` and the
-  index builders;
+  full-retain prefill), ``compressor_state_update``, ``csa_boundary_capture`` / ``restore``,
+  ``hca_state_update`` (the HCA online accumulator) and the index builders;
 * sparse decode attention time per token at 8K and 128K context, real V4-Flash geometry (head_dim
   512, 64 heads, window 128, CSA top-k 512; HCA attends every completed entry, ctx / 128).
 
@@ -97,6 +97,21 @@ def bench_compressor_state(dev: str) -> list[dict]:
     return res
 
 
+def bench_hca_state(dev: str) -> list[dict]:
+    from .hca_state import hca_state_update
+
+    seqs, chunk, width = 64, 512, D
+    kv, score, pooled = (torch.randn(seqs * chunk, width, device=dev) for _ in range(3))
+    ape = torch.zeros(128, width, device=dev)
+    cu = torch.arange(0, (seqs + 1) * chunk, chunk, dtype=torch.int32, device=dev)
+    start = torch.zeros(seqs, dtype=torch.int32, device=dev)
+    slots = torch.arange(seqs, dtype=torch.int32, device=dev)
+    acc = torch.empty(seqs, 3, width, device=dev)
+    moved = seqs * chunk * width * 4 * 3  # kv + score read, ape re-read per token, pooled rows (1/128) ignored
+    return [_row("hca_state_update 64 seq x 512 tok, ratio 128, fp32[512]",
+                 _time_ms(lambda: hca_state_update(kv, score, ape, acc, slots, cu, start, pooled)), moved)]
+
+
 def bench_index(dev: str) -> list[dict]:
     from .paged_index import build_comp_index, build_window_index
 
@@ -157,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     rows = []
-    for bench in (bench_swa_write, bench_compressor_state, bench_index, bench_attention):
+    for bench in (bench_swa_write, bench_compressor_state, bench_hca_state, bench_index, bench_attention):
         rows += bench("cuda")
     print(f"device: {torch.cuda.get_device_name()}")
     print("| kernel | ms | GB/s | us/token |\n|---|---|---|---|")

@@ -7,8 +7,10 @@ turns offsets into views, so the runner has no geometry of its own:
 - ``comp[layer]`` / ``index[layer]``: 2D row views of compressed rows / indexer keys; row =
   ``(page // k) * chunk_rows + (page % k) * entries_per_block + slot``;
 - ``csa[layer]``: the fused CSA boundary state, four fp32 ``[swa_pages, 4, width]`` views;
-- ``state[layer]``: the live compressor-state pool (outside the arena, budgeted by the layout):
-  ``(kv, score)`` fp32 ``[slots, ring, width]`` for the main compressor and, on CSA layers, the indexer's.
+- ``state[layer]`` / ``index_state[layer]`` (CSA layers): the live compressor rings (outside the arena,
+  budgeted by the layout): ``(kv, score)`` fp32 ``[slots, 8, width]`` of the main and indexer compressors;
+- ``hca[layer]`` (HCA layers): the online softmax accumulator, fp32 ``[slots, 3, head_dim]``
+  (running max, running sum of exp, running weighted sum; see :mod:`atom.kernels.hca_state`).
 
 Rows are stored in the layout's row format; this engine runs the ``fp32`` format (the CPU reference
 path) and ``bf16``. With ``poison`` the buffer and the state pool start as NaN, so any read of memory
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from atom.kernels.hca_state import HCA_STATE_ROWS
 from atom.model_engine.kv_group import is_csa
 from atom.model_engine.kv_layout import KvLayout, RowRegion
 
@@ -49,6 +52,7 @@ class KvViews:
     csa: dict[int, CsaViews]
     state: dict[int, tuple[torch.Tensor, torch.Tensor]]
     index_state: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    hca: dict[int, torch.Tensor]
 
     def region(self, layer: int, kind: str) -> RowRegion:
         lay = self.layout
@@ -87,7 +91,7 @@ def bind_kv_arena(layout: KvLayout, *, poison: bool = False, device: str | torch
     fp32 = buffer.view(torch.float32)
     fp32.fill_(float("nan") if poison else 0.0)
     flat = buffer.view(dtype)
-    swa, comp, index, csa, state, index_state = {}, {}, {}, {}, {}, {}
+    swa, comp, index, csa, state, index_state, hca = {}, {}, {}, {}, {}, {}, {}
     slots = layout.max_live_requests
     for layer, ratio in enumerate(spec.compress_ratios):
         swa[layer] = _rows(flat, layout.swa_rows(layer), elem)
@@ -100,5 +104,6 @@ def bind_kv_arena(layout: KvLayout, *, poison: bool = False, device: str | torch
             state[layer] = _state_pool(slots, 2 * ratio, 2 * spec.head_dim, poison, device)
             index_state[layer] = _state_pool(slots, 8, 2 * spec.index_head_dim, poison, device)
         else:
-            state[layer] = _state_pool(slots, ratio, spec.head_dim, poison, device)
-    return KvViews(layout, buffer, swa, comp, index, csa, state, index_state)
+            hca[layer] = torch.full((slots, HCA_STATE_ROWS, spec.head_dim), float("nan") if poison else 0.0,
+                                    device=device)
+    return KvViews(layout, buffer, swa, comp, index, csa, state, index_state, hca)

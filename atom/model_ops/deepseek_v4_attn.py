@@ -5,19 +5,23 @@ Per layer and step, in this order (each step of it through a kernel of :mod:`ato
 1. token-local projections (``Attention.project``: q, the K=V row, compressor and indexer rows);
 2. ``swa_write``: every token's K=V row into its SWA page (``row = page * row_stride + pos % B``), so the
    window of every query in the step is in the arena before anyone reads it;
-3. compressor state: clear the slot of a newly admitted request, ``csa_boundary_restore`` the CSA
+3. compressor state. CSA: clear the ring of a newly admitted request, ``csa_boundary_restore`` the
    overlap rows from the SWA page of a prefix hit's last block, pool every entry the chunk completes
    (rows from the ring for positions before the chunk, from the fresh projections inside it), then
    ``compressor_state_update`` the ring and ``csa_boundary_capture`` the overlap rows of blocks whose
-   last 4 positions ran (into each block's own SWA page, -1 = skip);
+   last 4 positions ran (into each block's own SWA page, -1 = skip). HCA: ``hca_state_update``
+   advances the request's online softmax accumulator in position order and yields the pooled row of
+   every block the chunk completes (see :mod:`atom.kernels.hca_state`);
 4. ``compressed_write`` the finished entries (and indexer keys) into compress-owned pages;
 5. CSA: lightning-indexer top-k per query over the keys gathered from the arena; index lists from
    ``build_window_index`` / ``build_comp_index``; ``sparse_attention`` with the per-head sink;
 6. inverse RoPE and the grouped output projection (``Attention.project_out``).
 
-Pooling reuses the reference compressor's ``pool`` / ``finish`` on rows gathered in the same order
-([previous block's "b" half; this block's "a" half]), and top-k uses the reference indexer's
-``score`` / ``select``, so entries and picks equal the reference model's bit for bit.
+CSA pooling reuses the reference compressor's ``pool`` / ``finish`` on rows gathered in the same
+order ([previous block's "b" half; this block's "a" half]), and top-k uses the reference indexer's
+``score`` / ``select``, so CSA entries and picks equal the reference model's bit for bit. HCA entries
+differ from the reference's batch softmax by rounding only (within 1e-6 relative in fp32), and are
+bit-identical within the engine however a sequence is split into steps or resumed from a prefix hit.
 """
 
 from __future__ import annotations
@@ -58,7 +62,10 @@ class PagedDeepseekV4Attention:
         self.k.swa_write(kv, self.views.swa[self.layer], tables.swa, step.token_slot, pos32,
                          block_size=self.block_size, row_stride=self.swa_region.page_rows)
         comp_idx = None
-        if self.ratio:
+        if self.ratio and self.attn.indexer is None:
+            self._compress_hca(p.comp, step, tables)
+            comp_idx = self._comp_index(p, step, tables, pos32)
+        elif self.ratio:
             self._prepare_state(step)
             self._compress(self.attn.compressor, p.comp, step, tables, self.views.state[self.layer],
                            self.views.comp[self.layer], self.comp_region, "main")
@@ -77,20 +84,49 @@ class PagedDeepseekV4Attention:
 
     # ---- compressor state ---------------------------------------------------------------------
     def _prepare_state(self, step: StepInputs) -> None:
-        """Clear the slots of newly admitted requests, then restore CSA boundary rows of prefix hits."""
-        pools = [self.views.state[self.layer]]
-        if self.attn.indexer is not None:
-            pools.append(self.views.index_state[self.layer])
+        """Clear the CSA rings of newly admitted requests, then restore CSA boundary rows of prefix hits."""
+        pools = [self.views.state[self.layer], self.views.index_state[self.layer]]
         for slot in step.reset_slots:
             for kv, score in pools:
                 kv[slot].zero_()
                 score[slot].fill_(float("-inf"))
-        if self.attn.indexer is None or not step.any_restore:
+        if not step.any_restore:
             return
         csa = self.views.csa[self.layer]
         for (kv, score), (src_kv, src_score) in zip(pools, ((csa.main_kv, csa.main_score),
                                                             (csa.index_kv, csa.index_score))):
             self.k.csa_boundary_restore(src_kv, src_score, kv, score, step.restore_src, step.slots, step.pos_start)
+
+    def _compress_hca(self, rows: tuple[torch.Tensor, torch.Tensor], step: StepInputs, tables: PageTables) -> None:
+        """HCA: advance each request's online accumulator over its chunk (``hca_state_update``), then
+        finish and write the entries the chunk completes. The accumulator needs no reset: a block's
+        first position starts it empty, and a request always starts at a block boundary."""
+        comp = self.attn.compressor
+        kv, score = (r.contiguous() for r in rows)
+        pooled = torch.empty_like(kv)
+        self.k.hca_state_update(kv, score, torch.zeros_like(comp.ape), self.views.hca[self.layer], step.slots,
+                                step.cu_seqlens, step.pos_start, pooled)
+        m, tok, seq_of, entry_ids = comp.ratio, [], [], []
+        for s, slot in enumerate(step.slots.tolist()):
+            lo, start = int(step.cu_seqlens[s]), int(step.pos_start[s])
+            end = start + int(step.cu_seqlens[s + 1]) - lo
+            for i in range(start // m, end // m):  # entries whose last position (i+1)m-1 runs in this chunk
+                tok.append(lo + (i + 1) * m - 1 - start)
+                seq_of.append(slot)
+                entry_ids.append(i)
+        if tok:
+            entries = torch.stack([comp.finish(pooled[t], i) for t, i in zip(tok, entry_ids)])
+            self._write_entries(entries, seq_of, entry_ids, tables)
+
+    def _write_entries(self, entries: torch.Tensor, seq_of: list[int], entry_ids: list[int],
+                       tables: PageTables) -> None:
+        out_rows, region = self.views.comp[self.layer], self.comp_region
+        dev = out_rows.device
+        self.k.compressed_write(entries.to(out_rows.dtype).contiguous(), out_rows, tables.comp,
+                                torch.tensor(seq_of, dtype=torch.int32, device=dev),
+                                torch.tensor(entry_ids, dtype=torch.int32, device=dev),
+                                entries_per_block=region.used_rows, pages_per_chunk=region.pages_per_chunk,
+                                chunk_rows=region.chunk_rows)
 
     def _compress(self, comp: Compressor, rows: tuple[torch.Tensor, torch.Tensor], step: StepInputs,
                   tables: PageTables, state: tuple[torch.Tensor, torch.Tensor], out_rows: torch.Tensor,

@@ -29,16 +29,16 @@ def test_a_v3_2_style_mla_stack_needs_83_9_gib():
     assert round(mla_kv_bytes(61, 576 + 128, 2, MILLION) / GIB, 1) == 83.9
 
 
-def test_compressor_state_is_64_16_and_512_kib_per_layer():
+def test_compressor_state_is_a_64_and_16_kib_csa_ring_and_a_6_kib_hca_accumulator_per_layer():
     flash = spec("deepseek_v4_flash", "fp8_ds_mla")
     csa, hca = flash.csa_layers[0], flash.hca_layers[0]
     main = 2 * 8 * 1024 * 4
     index = 2 * 8 * 256 * 4
     assert (main, index) == (64 * 1024, 16 * 1024)
     assert flash.compressor_state_bytes(csa) == main + index
-    assert flash.compressor_state_bytes(hca) == 512 * 1024
+    assert flash.compressor_state_bytes(hca) == 3 * 512 * 4  # running max, sum and weighted sum, fp32
     assert flash.compressor_state_bytes(0) == 0
-    assert flash.request_state_bytes == 21 * 80 * 1024 + 20 * 512 * 1024
+    assert flash.request_state_bytes == 21 * 80 * 1024 + 20 * 6 * 1024
 
 
 def test_a_request_shorter_than_a_ratio_holds_only_window_rows():

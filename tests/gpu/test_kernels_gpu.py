@@ -85,6 +85,34 @@ def test_compressor_state_capture_and_restore_equal_the_references(gen):
     assert same_bits(fresh[0], fresh[2]) and same_bits(fresh[1], fresh[3])
 
 
+def test_hca_accumulator_equals_the_reference_and_is_bit_identical_under_any_split(gen):
+    from atom.kernels.hca_state import hca_state_update, hca_state_update_ref
+
+    n, ratio = 1000, 128
+    kv, score = (torch.randn(n, D, generator=gen).to(DEV) * 3 for _ in range(2))
+    ape = torch.randn(ratio, D, generator=gen).to(DEV)
+
+    def run(fn, splits):
+        acc = torch.full((2, 3, D), float("nan"), device=DEV)
+        pooled, pos = torch.full((n, D), float("nan"), device=DEV), 0
+        for k in splits:
+            cu = torch.tensor([0, k], dtype=torch.int32, device=DEV)
+            start = torch.tensor([pos], dtype=torch.int32, device=DEV)
+            out = torch.full((k, D), float("nan"), device=DEV)
+            fn(kv[pos:pos + k], score[pos:pos + k], ape, acc, torch.tensor([1], dtype=torch.int32, device=DEV),
+               cu, start, out)
+            pooled[pos:pos + k] = out
+            pos += k
+        return pooled, acc[1]
+
+    whole = run(hca_state_update, [n])
+    for splits in ([300, 1, 127, 572], [128] * 7 + [104]):
+        got = run(hca_state_update, splits)
+        assert same_bits(got[0], whole[0]) and same_bits(got[1], whole[1])
+    ref = run(hca_state_update_ref, [n])
+    torch.testing.assert_close(whole[0], ref[0], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 @pytest.mark.parametrize("group", ["c4", "hca"])
 def test_index_builders_equal_the_references(group, gen):
     from atom.kernels.paged_index import build_paged_index, build_paged_index_ref

@@ -145,3 +145,21 @@ def test_layer_rope_tables_use_plain_theta_for_window_layers_and_yarn_for_compre
     assert torch.equal(bi_model.layers[0].attn.freqs, plain)
     assert torch.equal(bi_model.layers[2].attn.freqs, yarn)
     assert torch.equal(bi_model.mtp[0].attn.freqs, plain)
+
+
+@pytest.mark.parametrize("layer", [2, 4])  # the HCA layers (ratio 16)
+@torch.no_grad()
+def test_the_online_hca_accumulator_gives_the_reference_entries_within_1e_6_relative(bi_model, layer):
+    from atom.kernels.hca_state import hca_state_update_ref
+
+    comp = bi_model.layers[layer].attn.compressor
+    m, n = comp.ratio, 5 * comp.ratio
+    x = torch.randn(n, 64, generator=torch.Generator().manual_seed(7)) * 4
+    want = compress(comp, x)
+    kv, score = comp.project(x, torch.arange(n))
+    acc, pooled = torch.full((1, 3, comp.head_dim), float("nan")), torch.full((n, comp.head_dim), float("nan"))
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    hca_state_update_ref(kv, score, torch.zeros_like(comp.ape), acc, i32([0]), i32([0, n]), i32([0]), pooled)
+    got = torch.stack([comp.finish(pooled[m * i + m - 1], i) for i in range(n // m)])
+    rel = (got - want).abs().amax(dim=1) / want.abs().amax(dim=1)
+    assert float(rel.max()) < 1e-6

@@ -1,0 +1,206 @@
+"""The HCA compressor state as an online softmax accumulator, and the entries it completes.
+
+An HCA layer pools every ``ratio`` consecutive tokens into one entry with a per-dimension softmax
+over the block's scores. Instead of keeping the block's ``ratio`` rows of kv and score (a ring of
+``2 x ratio x width`` fp32 per request and layer: 512 KiB on V4-Flash), the state is three fp32
+rows per request and layer, updated token by token in position order::
+
+    acc[slot, 0] = running max of the scores                      (m, starts at -inf)
+    acc[slot, 1] = running sum of exp(score - m)                  (l, starts at 0)
+    acc[slot, 2] = running sum of exp(score - m) * kv             (a, starts at 0)
+
+    for each token (score s = score + ape[pos % ratio], row kv):
+        m' = max(m, s);  c = exp(m - m');  p = exp(s - m')
+        l  = l * c + p;  a = a * c + p * kv;  m = m'
+    when pos completes its block ((pos + 1) % ratio == 0):  pooled[token] = a / l
+
+The accumulator of a block starts empty at the block's first position (``pos % ratio == 0``):
+the stored state is *not read* there, so a request needs no reset between blocks, and a prefix hit
+(always at a block boundary, a multiple of ``ratio``) restarts from nothing. Every element sees the
+same operations in the same order however the tokens are split into steps, so chunked prefill,
+decode and a hit restart give bit-identical entries within one backend. Against a batch softmax
+over the block's rows (the reference model) the pooled rows differ by rounding only (about 1e-7
+relative in fp32).
+
+:func:`hca_state_update` (Triton) and :func:`hca_state_update_ref` (torch) share the contract.
+The Triton kernel runs one program per (sequence, block segment of its chunk, width tile): block
+segments are independent because each starts empty except the chunk's first, which continues the
+stored state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_rows, check_same_device,
+                      launch_tiles, require_triton, triton, tl)
+from .swa_write import check_ragged
+
+__all__ = ["hca_state_update", "hca_state_update_ref", "HCA_STATE_ROWS", "empty_hca_state"]
+
+HCA_STATE_ROWS = 3  # running max, running sum of exp, running weighted sum
+
+
+def empty_hca_state(acc: torch.Tensor) -> None:
+    """Set every slot of ``acc`` to the empty accumulator (max -inf, sums 0)."""
+    acc[:, 0].fill_(float("-inf"))
+    acc[:, 1:].zero_()
+
+
+# ----------------------------------------------------------------------------------------------
+# checks
+# ----------------------------------------------------------------------------------------------
+
+def _check(kv, score, ape, acc, state_slot, cu_seqlens, pos_start, pooled) -> int:
+    check_rows("kv", kv, dtype=torch.float32)
+    width = kv.shape[1]
+    check_rows("score", score, dtype=torch.float32, width=width)
+    check_rows("pooled", pooled, dtype=torch.float32, width=width)
+    if score.shape[0] != kv.shape[0] or pooled.shape[0] != kv.shape[0]:
+        raise ValueError(f"kv, score and pooled must have one row per token: {kv.shape[0]}, "
+                         f"{score.shape[0]}, {pooled.shape[0]}")
+    check_rows("ape", ape, dtype=torch.float32, width=width)
+    check_positive("ape.shape[0] (the compress ratio)", ape.shape[0])
+    check_rows("acc", acc, ndim=3, dtype=torch.float32, width=width)
+    if acc.shape[1] != HCA_STATE_ROWS:
+        raise ValueError(f"acc must be [num_slots, {HCA_STATE_ROWS}, width] (max, sum, weighted sum), "
+                         f"got {tuple(acc.shape)}")
+    check_same_device(kv=kv, score=score, ape=ape, acc=acc, state_slot=state_slot, cu_seqlens=cu_seqlens,
+                      pos_start=pos_start, pooled=pooled)
+    max_len = check_ragged(kv.shape[0], cu_seqlens, pos_start, 2**31 - 1)
+    check_index("state_slot", state_slot, (cu_seqlens.shape[0] - 1,))
+    check_range("state_slot", state_slot, -1, acc.shape[0], "a slot of acc, or -1 = skip")
+    return max_len
+
+
+# ----------------------------------------------------------------------------------------------
+# torch reference
+# ----------------------------------------------------------------------------------------------
+
+def _segments(cu_seqlens, pos_start, state_slot, ratio):
+    """Per block segment of every live sequence's chunk: (seq, block, first pos, end pos, token of pos 0
+    of the sequence's chunk, is the sequence's last segment)."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    p0 = pos_start.long()
+    live = (lens > 0) & (state_slot >= 0)
+    first_b, last_b = p0 // ratio, (p0 + lens - 1).clamp(min=0) // ratio
+    count = torch.where(live, last_b - first_b + 1, torch.zeros_like(lens))
+    seq = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), count)
+    k = torch.arange(seq.numel(), device=lens.device) - (torch.cumsum(count, 0) - count)[seq]
+    block = first_b[seq] + k
+    lo = torch.maximum(p0[seq], block * ratio)
+    hi = torch.minimum(p0[seq] + lens[seq], (block + 1) * ratio)
+    is_last = k == count[seq] - 1
+    return seq, block, lo, hi, cu_seqlens[:-1].long()[seq] - p0[seq], is_last
+
+
+def hca_state_update_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, acc: torch.Tensor,
+                         state_slot: torch.Tensor, cu_seqlens: torch.Tensor, pos_start: torch.Tensor,
+                         pooled: torch.Tensor) -> None:
+    """Torch reference of :func:`hca_state_update` (same contract): all block segments of the batch
+    advance together, one position of the block at a time, so each element sees the sequential order."""
+    _check(kv, score, ape, acc, state_slot, cu_seqlens, pos_start, pooled)
+    ratio = ape.shape[0]
+    seq, block, lo, hi, tok_base, is_last = _segments(cu_seqlens, pos_start, state_slot, ratio)
+    if seq.numel() == 0:
+        return
+    slot = state_slot.long()[seq]
+    fresh = (lo % ratio == 0)[:, None]
+    start = acc[slot]
+    m = torch.where(fresh, float("-inf"), start[:, 0])
+    l = torch.where(fresh, 0.0, start[:, 1])
+    a = torch.where(fresh, 0.0, start[:, 2])
+    for j in range(ratio):
+        pos = block * ratio + j
+        on = (pos >= lo) & (pos < hi)
+        if not bool(on.any()):
+            continue
+        idx = on.nonzero().squeeze(1)
+        t = tok_base[idx] + pos[idx]
+        s = score[t] + ape[j]
+        m_i, l_i, a_i = m[idx], l[idx], a[idx]
+        m_new = torch.maximum(m_i, s)
+        c = torch.exp(m_i - m_new)
+        p = torch.exp(s - m_new)
+        l_i = l_i * c + p
+        a_i = a_i * c + p * kv[t]
+        m[idx], l[idx], a[idx] = m_new, l_i, a_i
+        if j == ratio - 1:
+            pooled[t] = a_i / l_i
+    last = is_last.nonzero().squeeze(1)
+    acc[slot[last]] = torch.stack((m[last], l[last], a[last]), dim=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton
+# ----------------------------------------------------------------------------------------------
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _hca_kernel(kv_ptr, score_ptr, ape_ptr, acc_ptr, slot_ptr, cu_ptr, pstart_ptr, out_ptr, width,
+                    kv_stride, score_stride, ape_stride, acc_s0, acc_s1, out_stride, ratio,
+                    BLOCK_W: tl.constexpr):
+        s = tl.program_id(0)
+        k = tl.program_id(1)
+        w = tl.program_id(2) * BLOCK_W + tl.arange(0, BLOCK_W)
+        wm = w < width
+        start = tl.load(cu_ptr + s)
+        n = tl.load(cu_ptr + s + 1) - start
+        p0 = tl.load(pstart_ptr + s)
+        slot = tl.load(slot_ptr + s).to(tl.int64)
+        block = p0 // ratio + k
+        lo = tl.maximum(p0, block * ratio)
+        hi = tl.minimum(p0 + n, (block + 1) * ratio)
+        if (slot >= 0) & (lo < hi):
+            acc_row = acc_ptr + slot * acc_s0 + w
+            cont = wm & (lo % ratio != 0)  # a block's first position starts empty: nothing is read
+            m = tl.load(acc_row, mask=cont, other=float("-inf"))
+            l = tl.load(acc_row + acc_s1, mask=cont, other=0.0)
+            a = tl.load(acc_row + 2 * acc_s1, mask=cont, other=0.0)
+            for pos in range(lo, hi):
+                t = (start + pos - p0).to(tl.int64)
+                sc = tl.load(score_ptr + t * score_stride + w, mask=wm, other=0.0) + \
+                    tl.load(ape_ptr + (pos % ratio).to(tl.int64) * ape_stride + w, mask=wm, other=0.0)
+                x = tl.load(kv_ptr + t * kv_stride + w, mask=wm, other=0.0)
+                m_new = tl.maximum(m, sc)
+                c = tl.exp(m - m_new)
+                p = tl.exp(sc - m_new)
+                l = l * c + p
+                a = a * c + p * x
+                m = m_new
+                if (pos + 1) % ratio == 0:
+                    tl.store(out_ptr + t * out_stride + w, a / l, mask=wm)
+            if hi == p0 + n:  # the sequence's last segment leaves its state for the next step
+                tl.store(acc_row, m, mask=wm)
+                tl.store(acc_row + acc_s1, l, mask=wm)
+                tl.store(acc_row + 2 * acc_s1, a, mask=wm)
+
+
+def hca_state_update(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, acc: torch.Tensor,
+                     state_slot: torch.Tensor, cu_seqlens: torch.Tensor, pos_start: torch.Tensor,
+                     pooled: torch.Tensor) -> None:
+    """Advance each sequence's HCA accumulator over its chunk; write the pooled row of every block
+    the chunk completes.
+
+    Args:
+        kv, score: fp32 ``[num_tokens, width]`` pre-pool projections of the chunk's tokens.
+        ape: fp32 ``[ratio, width]`` positional bias, added as ``ape[pos % ratio]`` (zeros when
+            ``score`` already includes it).
+        acc: fp32 ``[num_slots, 3, width]`` accumulators (max, sum, weighted sum; inner dim
+            contiguous, other strides arbitrary); read only where a chunk starts mid-block.
+        state_slot: int32 ``[num_seqs]`` accumulator slot per sequence, -1 = skip the sequence.
+        cu_seqlens: int32 ``[num_seqs + 1]`` token offsets; pos_start: int32 ``[num_seqs]``.
+        pooled: fp32 ``[num_tokens, width]`` output: row ``t`` is written exactly when token ``t``
+            completes its block (``(pos + 1) % ratio == 0``); other rows are left untouched.
+    """
+    max_len = _check(kv, score, ape, acc, state_slot, cu_seqlens, pos_start, pooled)
+    require_triton("hca_state_update")
+    ratio = ape.shape[0]
+    if max_len == 0:
+        return
+    _, bw = launch_tiles(kv.device, kv.shape[1])
+    grid = (state_slot.shape[0], triton.cdiv(max_len, ratio) + 1, triton.cdiv(kv.shape[1], bw))
+    _hca_kernel[grid](kv, score, ape, acc, state_slot, cu_seqlens, pos_start, pooled, kv.shape[1],
+                      kv.stride(0), score.stride(0), ape.stride(0), acc.stride(0), acc.stride(1),
+                      pooled.stride(0), ratio, BLOCK_W=bw)
