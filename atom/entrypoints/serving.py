@@ -190,7 +190,7 @@ class OpenAIServing:
 
     def _update(self, st: _ChoiceState, out: "RequestOutput", now: float, arrival: float) -> None:
         st.text += out.new_text
-        st.num_tokens = len(out.output_token_ids)
+        st.num_tokens = out.num_output_tokens
         st.cached = out.num_cached_tokens
         if out.new_token_ids:
             if st.first_token_at is None:

@@ -1,7 +1,8 @@
 """LLMEngine: requests in, streamed outputs out; the scheduler loop around a runner.
 
 The engine itself is pure Python: it owns the :class:`Scheduler` (and through it the block manager
-and arena bookkeeping), turns text into token ids and back, applies stop strings, and calls a runner
+and arena bookkeeping), turns text into token ids and back (incrementally, with stop strings held
+back until they are decided: :mod:`request_text`), and calls a runner
 with one frozen batch per step. Any object with ``execute(ScheduledBatch) -> RunnerOutput`` is a
 runner: the torch :class:`atom.model_executor.model_runner.ModelRunner` in production, the fake
 runner in control-plane tests. :meth:`LLMEngine.from_config` builds the real one (importing torch
@@ -14,6 +15,7 @@ import itertools
 from typing import TYPE_CHECKING, Any, Protocol, Sequence as Seq
 
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
+from atom.model_engine.request_text import RequestText
 from atom.model_engine.request_output import EngineStats, RequestOutput
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence, SequenceStatus
@@ -34,10 +36,10 @@ class Runner(Protocol):
 
 
 class _Request:
-    __slots__ = ("request_id", "seq", "text", "emitted", "cached")
+    __slots__ = ("request_id", "seq", "text", "cached")
 
-    def __init__(self, request_id: str, seq: Sequence) -> None:
-        self.request_id, self.seq, self.text, self.emitted, self.cached = request_id, seq, "", 0, 0
+    def __init__(self, request_id: str, seq: Sequence, text: RequestText | None) -> None:
+        self.request_id, self.seq, self.text, self.cached = request_id, seq, text, 0
 
 
 class LLMEngine:
@@ -78,7 +80,8 @@ class LLMEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         seq = Sequence(ids, params, self.scheduler.block_size)
         self.scheduler.add(seq)
-        req = _Request(rid, seq)
+        text = None if self.tokenizer is None else RequestText(self.tokenizer.decode, params.stop)
+        req = _Request(rid, seq, text)
         self._requests[rid] = req
         self._by_seq[seq.seq_id] = req
         return rid
@@ -114,33 +117,15 @@ class LLMEngine:
         seq = req.seq
         if req.cached == 0 and seq.num_cached_tokens:
             req.cached = seq.num_cached_tokens
-        if new_token is not None and seq.params.stop and self.tokenizer is not None:
-            self._apply_stop_strings(req)
         new_ids = [new_token] if new_token is not None else []
-        new_text = self._new_text(req)
+        new_text = ""
+        if req.text is not None:
+            new_text, stopped = req.text.advance(new_token, seq.status.finished)
+            if stopped:
+                self.scheduler.finish_by_stop_string(seq)
         if seq.status.finished:
             self._forget(req)
         return self._make(req, new_ids, new_text)
-
-    def _apply_stop_strings(self, req: _Request) -> None:
-        text = self.tokenizer.decode(req.seq.output_token_ids)
-        hits = [i for i in (text.find(s) for s in req.seq.params.stop) if i >= 0]
-        if hits:
-            req.text = text[: min(hits)]
-            self.scheduler.finish_by_stop_string(req.seq)
-
-    def _new_text(self, req: _Request) -> str:
-        if self.tokenizer is None:
-            return ""
-        seq = req.seq
-        if not (seq.status is SequenceStatus.FINISHED_STOPPED and seq.params.stop and req.text):
-            text = self.tokenizer.decode(seq.output_token_ids)
-            if not seq.status.finished:
-                text = text.rstrip("\ufffd")  # hold back a partial UTF-8 character until it completes
-            req.text = text
-        new = req.text[req.emitted:]
-        req.emitted = len(req.text)
-        return new
 
     def _finish_output(self, req: _Request) -> RequestOutput:
         self._forget(req)
@@ -148,9 +133,15 @@ class LLMEngine:
 
     def _make(self, req: _Request, new_ids: list[int], new_text: str) -> RequestOutput:
         seq = req.seq
+        if not seq.status.finished:  # cumulative fields only at the end: O(1) per step, not O(length)
+            return RequestOutput(req.request_id, [], [], new_ids, "", new_text, False, None, req.cached,
+                                 seq.stats, seq.error, seq.num_output_tokens)
+        text = req.text.text() if req.text is not None else ""
+        # a stop string completed by the text released at the end (e.g. at max_tokens) still counts
+        reason = "stop" if req.text is not None and req.text.stopped else _FINISH.get(seq.status)
         return RequestOutput(req.request_id, seq.token_ids[: seq.num_prompt_tokens], list(seq.output_token_ids),
-                             new_ids, req.text, new_text, seq.status.finished, _FINISH.get(seq.status),
-                             req.cached, seq.stats, seq.error)
+                             new_ids, text, new_text, True, reason, req.cached, seq.stats, seq.error,
+                             seq.num_output_tokens)
 
     def _forget(self, req: _Request) -> None:
         self._requests.pop(req.request_id, None)

@@ -11,8 +11,12 @@ __all__ = ["RequestOutput", "EngineStats"]
 
 @dataclass
 class RequestOutput:
-    """A request's state after a step. ``new_*`` hold what this step added (for streaming);
-    ``text`` / ``output_token_ids`` are cumulative. ``finish_reason``: "stop", "length" or "abort"."""
+    """A request's state after a step. ``new_*`` hold what this step added (for streaming).
+
+    The cumulative fields ``prompt_token_ids``, ``output_token_ids`` and ``text`` are filled in the
+    final output (``finished=True``) only, and are empty before: copying them at every step would
+    cost O(length) per token. ``num_output_tokens`` is always current. ``text`` is the
+    concatenation of every ``new_text``. ``finish_reason``: "stop", "length" or "abort"."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -25,6 +29,7 @@ class RequestOutput:
     num_cached_tokens: int
     stats: PrefixStats = field(default_factory=PrefixStats)
     error: str | None = None
+    num_output_tokens: int = 0
 
 
 @dataclass

@@ -23,7 +23,7 @@ def test_generate_yields_each_step_then_a_finished_output(engine):
         return [o async for o in engine.generate([256, 104, 105], SamplingParams(max_tokens=5, ignore_eos=True), "g1")]
 
     outs = asyncio.run(run())
-    assert [len(o.output_token_ids) for o in outs if o.new_token_ids] == [1, 2, 3, 4, 5]
+    assert [o.num_output_tokens for o in outs if o.new_token_ids] == [1, 2, 3, 4, 5]
     assert outs[-1].finished and outs[-1].finish_reason == "length"
     assert all(not o.finished for o in outs[:-1])
 
