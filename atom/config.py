@@ -13,11 +13,11 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from atom.envs import AtomEnv
 from atom.validation import require_int
-from atom.model_engine.kv_group import CSA_RATIO, is_csa, is_hca
+from atom.kv_group import CSA_OVERLAP_ROWS, CSA_STATE_RING, is_csa, is_hca
 
 __all__ = [
     "KV_ROW_FORMATS",
@@ -45,6 +45,9 @@ _FP32 = 4
 @dataclass(frozen=True)
 class Dsv4KvSpec:
     """What DeepSeek-V4 keeps per token and per request, as the arena needs to size itself.
+
+    The model's config declares it (``DeepseekV4Config.kv_spec``; the only parser of a Hugging Face
+    ``config.json``); tests build toy specs directly.
 
     ``compress_ratios`` has one entry per *cached* layer (main layers, then MTP layers): 0 = SWA
     only, 4 = CSA (overlapping compressor + lightning indexer), anything else = HCA. Every layer
@@ -82,38 +85,11 @@ class Dsv4KvSpec:
             raise ValueError(f"num_mtp_layers={self.num_mtp_layers} leaves no main layer in {len(ratios)} ratios")
         lcm = self.ratio_lcm
         if self.block_size == 0:
-            object.__setattr__(self, "block_size", max(lcm, _CSA_STATE_ROWS))
+            object.__setattr__(self, "block_size", max(lcm, CSA_OVERLAP_ROWS))
         elif self.block_size % lcm:
             raise ValueError(f"block_size={self.block_size} must be a multiple of every compress ratio (lcm {lcm})")
-        if any(is_csa(r) for r in ratios) and self.block_size < 2 * CSA_RATIO:
-            raise ValueError(f"block_size={self.block_size} must be >= 8 when CSA layers exist")
-
-    # ---- construction -------------------------------------------------------------------------
-    @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any], row_format: str = "fp8_ds_mla",
-                       include_mtp: bool = True, block_size: int = 0) -> "Dsv4KvSpec":
-        """Build from a Hugging Face DeepSeek-V4 ``config.json`` dict.
-
-        ``include_mtp=False`` drops the MTP layers' SWA cache (an engine that does not run MTP).
-        """
-        required = ("compress_ratios", "sliding_window", "head_dim", "qk_rope_head_dim",
-                    "index_head_dim", "num_hidden_layers")
-        missing = [k for k in required if k not in cfg]
-        if missing:
-            raise ValueError(f"config.json lacks {', '.join(missing)} (needed to size the KV cache)")
-        n_main = cfg["num_hidden_layers"]
-        n_mtp = cfg.get("num_nextn_predict_layers", 0)
-        ratios = tuple(cfg["compress_ratios"])
-        if len(ratios) != n_main + n_mtp:
-            raise ValueError(
-                f"compress_ratios has {len(ratios)} entries; expected num_hidden_layers + "
-                f"num_nextn_predict_layers = {n_main} + {n_mtp}")
-        if not include_mtp:
-            ratios, n_mtp = ratios[:n_main], 0
-        return cls(compress_ratios=ratios, sliding_window=cfg["sliding_window"],
-                   head_dim=cfg["head_dim"], rope_head_dim=cfg["qk_rope_head_dim"],
-                   index_head_dim=cfg["index_head_dim"], row_format=row_format,
-                   num_mtp_layers=n_mtp, block_size=block_size)
+        if any(is_csa(r) for r in ratios) and self.block_size < CSA_STATE_RING:
+            raise ValueError(f"block_size={self.block_size} must be >= {CSA_STATE_RING} when CSA layers exist")
 
     # ---- layer classes ------------------------------------------------------------------------
     @property

@@ -28,7 +28,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
+from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 
 MIXES = tuple(i / 10 for i in range(11))
@@ -109,7 +110,7 @@ def best_fixed_share(budget: int, spec: Dsv4KvSpec, mixes: Sequence[float]) -> f
 
 
 def report_geometry(preset: str, row_format: str, budget_bytes: int, max_live: int) -> GeometryReport:
-    spec = Dsv4KvSpec.from_hf_config(load_hf_config(preset_path(preset)), row_format=row_format)
+    spec = DeepseekV4Config.from_preset(preset).kv_spec(row_format)
     layout = plan_kv_layout(spec, CacheConfig(kv_cache_bytes=budget_bytes),
                             SchedulerConfig(max_num_seqs=max_live, max_model_len=1 << 20))
     usable = budget_bytes - layout.state_pool_bytes

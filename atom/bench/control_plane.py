@@ -16,17 +16,18 @@ import argparse
 import time
 from typing import Sequence as Seq
 
-from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
+from atom.config import CacheConfig, SchedulerConfig
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.fake_runner import FakeRunner
 from atom.model_engine.kv_layout import KvLayout, chunk_shape
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
+from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams
 
 
 def build(num_seqs: int, context: int, steps: int) -> tuple[Scheduler, FakeRunner]:
-    spec = Dsv4KvSpec.from_hf_config(load_hf_config(preset_path("deepseek_v4_flash")))
+    spec = DeepseekV4Config.from_preset("deepseek_v4_flash").kv_spec()
     max_new = num_seqs + steps + 8  # requests decode while the later ones are still being prefilled
     max_len = context + max_new
     limits = SchedulerConfig(max_num_batched_tokens=context + num_seqs, max_num_seqs=num_seqs, max_model_len=max_len)

@@ -40,12 +40,13 @@ from typing import Callable, Sequence as Seq
 from atom.bench.sim_arenas import (ARENA, ARENA_POLICIES, OTHER_POLICIES, Policy, build_block_manager,
                                    exact_page_bytes, fixed, usable_bytes)
 from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, first_prompt, request_id, segment_tokens
-from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.model_engine.fake_runner import FakeRunner
 from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.model_engine.unified_kv_arena import COMPRESS, SWA
+from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams
 
 GEOMETRIES = {"flash": "deepseek_v4_flash", "pro": "deepseek_v4_pro"}
@@ -121,7 +122,7 @@ class RunResult:
 
 
 def load_spec(preset: str) -> Dsv4KvSpec:
-    return Dsv4KvSpec.from_hf_config(load_hf_config(preset_path(preset)))
+    return DeepseekV4Config.from_preset(preset).kv_spec()
 
 
 def base_layout(cfg: SimConfig) -> KvLayout:

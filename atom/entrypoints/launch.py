@@ -23,10 +23,10 @@ __all__ = ["Server", "load_engine", "serve_from_args"]
 
 
 def load_engine(config: EngineConfig) -> AsyncEngine:
-    """``LLMEngine.from_config(config)`` wrapped for the server (the thread starts with the app)."""
-    from atom.model_engine.llm_engine import LLMEngine
+    """``build_engine(config)`` wrapped for the server (the thread starts with the app)."""
+    from atom.model_executor.engine_builder import build_engine  # imports torch: only when serving
 
-    return AsyncEngine(LLMEngine.from_config(config))
+    return AsyncEngine(build_engine(config))
 
 
 class Server(uvicorn.Server):

@@ -9,7 +9,7 @@ V3.2-style MLA stack).
 from __future__ import annotations
 
 from atom.config import Dsv4KvSpec
-from atom.model_engine.kv_group import is_csa
+from atom.kv_group import is_csa
 
 __all__ = ["compressed_bytes_per_token", "request_kv_bytes", "mla_kv_bytes"]
 

@@ -37,12 +37,13 @@ from functools import cached_property
 from typing import NamedTuple
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
-from atom.model_engine.kv_group import group_of_ratio, is_csa
+from atom.kv_group import CSA_OVERLAP_ROWS, group_of_ratio, is_csa
 from atom.validation import require_int
 
 __all__ = ["ArenaGroupSpec", "RowRegion", "CsaStateRegion", "KvLayout", "plan_kv_layout", "ChunkShape",
            "chunk_shape", "InsufficientKvMemory", "choose_chunk_pages"]
 
+_FP32 = 4  # bytes
 _ALIGN = 8  # every region starts 8-byte aligned so fp32 / bf16 / uint8 views are all legal
 
 
@@ -83,7 +84,7 @@ class CsaStateRegion:
     @property
     def parts(self) -> dict[str, tuple[int, int]]:
         """name -> (byte offset relative to :attr:`offset`, width in fp32 elements)."""
-        m, i = 4 * self.main_width * 4, 4 * self.index_width * 4
+        m, i = CSA_OVERLAP_ROWS * self.main_width * _FP32, CSA_OVERLAP_ROWS * self.index_width * _FP32
         return {"main_kv": (0, self.main_width), "main_score": (m, self.main_width),
                 "index_kv": (2 * m, self.index_width), "index_score": (2 * m + i, self.index_width)}
 

@@ -5,14 +5,14 @@ and arena bookkeeping), turns text into token ids and back (incrementally, with 
 back until they are decided: :mod:`request_text`), and calls a runner
 with one frozen batch per step. Any object with ``execute(ScheduledBatch) -> RunnerOutput`` is a
 runner: the torch :class:`atom.model_executor.model_runner.ModelRunner` in production, the fake
-runner in control-plane tests. :meth:`LLMEngine.from_config` builds the real one (importing torch
-only then). Not thread-safe: one thread drives it (the server runs it in a background loop).
+runner in control-plane tests. :func:`atom.model_executor.engine_builder.build_engine` builds the
+real one (importing torch). Not thread-safe: one thread drives it (the server runs it in a background loop).
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Protocol, Sequence as Seq
+from typing import TYPE_CHECKING, Protocol, Sequence as Seq
 
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
 from atom.model_engine.request_text import RequestText
@@ -22,7 +22,6 @@ from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from atom.config import EngineConfig
     from atom.tokenizer import Tokenizer
 
 __all__ = ["LLMEngine", "Runner", "LLM"]
@@ -56,13 +55,6 @@ class LLMEngine:
         self._by_seq: dict[int, _Request] = {}
         self._ids = itertools.count()
         self._generation_tokens = 0
-
-    @classmethod
-    def from_config(cls, config: EngineConfig, **runner_options: Any) -> "LLMEngine":
-        """Load the model (or the built-in tiny one) and build every part (imports torch)."""
-        from atom.model_executor.engine_builder import build_engine
-
-        return build_engine(cls, config, **runner_options)
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, prompt: str | Seq[int], params: SamplingParams, request_id: str | None = None) -> str:

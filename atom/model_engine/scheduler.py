@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 
 from atom.config import SchedulerConfig
+from atom.kv_group import CSA_OVERLAP_ROWS
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.chunk_arena import ArenaEmpty
 from atom.model_engine.outputs import NewTables, RunnerOutput, ScheduledBatch, ScheduledSeq
@@ -172,7 +173,7 @@ class Scheduler:
     def _scheduled_seq(self, seq: Sequence, n: int) -> ScheduledSeq:
         start, b = seq.num_computed_tokens, self.block_size
         capture = tuple((j, seq.swa_pages[j]) for j in range(start // b, (start + n - 1) // b + 1)
-                        if (j + 1) * b - 4 < start + n and (j + 1) * b - 1 >= start)
+                        if (j + 1) * b - CSA_OVERLAP_ROWS < start + n and (j + 1) * b - 1 >= start)
         return ScheduledSeq(seq.seq_id, start, tuple(seq.token_ids[start:start + n]), start + n == len(seq),
                             seq.state_slot, seq.state_fresh, seq.restore_page, capture, seq.params)
 

@@ -14,7 +14,7 @@ indexer keys of every compressed layer).
 from __future__ import annotations
 
 from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
-from atom.model_engine.kv_group import group_of_ratio
+from atom.kv_group import group_of_ratio
 from atom.model_engine.kv_layout import ArenaGroupSpec, KvLayout
 from atom.model_engine.page_map import COMPRESS, OWNERS, SWA, LogicalPageMap
 

@@ -7,31 +7,21 @@ them; nothing here knows about model families beyond loading a DeepSeek-V4 check
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 from atom import envs
-from atom.config import Dsv4KvSpec, EngineConfig
+from atom.config import EngineConfig
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.kv_layout import plan_kv_layout
+from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_executor.model_runner import ModelRunner
 from atom.models.deepseek_v4.checkpoint import load_checkpoint
-from atom.models.deepseek_v4.config import DeepseekV4Config
 
-__all__ = ["build_engine", "kv_spec_of"]
-
-
-def kv_spec_of(cfg: DeepseekV4Config, block_size: int = 0) -> Dsv4KvSpec:
-    """The KV spec of the layers the engine runs (main layers; MTP is not served), fp32 rows."""
-    return Dsv4KvSpec(compress_ratios=tuple(cfg.compress_ratios[: cfg.n_layers]), sliding_window=cfg.window_size,
-                      head_dim=cfg.head_dim, rope_head_dim=cfg.rope_head_dim, index_head_dim=cfg.index_head_dim,
-                      row_format="fp32", block_size=block_size)
+__all__ = ["build_engine"]
 
 
-def build_engine(engine_cls: type, config: EngineConfig, *, keep_logits: bool = False,
-                 kernel_backend: str | None = None, batch_invariant: bool = False,
-                 poison: bool | None = None) -> Any:
-    """An ``engine_cls`` (LLMEngine) serving ``config.model.path`` (None: the built-in tiny model).
+def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_backend: str | None = None,
+                 batch_invariant: bool = False, poison: bool | None = None) -> LLMEngine:
+    """An :class:`LLMEngine` serving ``config.model.path`` (None: the built-in tiny model).
 
     ``poison`` fills the arena with NaN (default: the ``ATOM_DEBUG_NAN_ARENA`` flag).
     """
@@ -50,7 +40,8 @@ def build_engine(engine_cls: type, config: EngineConfig, *, keep_logits: bool = 
     tokenizer = Tokenizer.from_dir(model_dir)
     if tokenizer.vocab_size > model.cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model.cfg.vocab_size}")
-    spec = kv_spec_of(model.cfg, config.cache.block_size)
+    # the main layers only (MTP is not served), fp32 rows on the CPU path
+    spec = model.cfg.kv_spec("fp32", include_mtp=False, block_size=config.cache.block_size)
     layout = plan_kv_layout(spec, config.cache, config.scheduler)
     bm = BlockManager(layout, config.cache)
     scheduler = Scheduler(config.scheduler, bm, eos_token_id=tokenizer.eos_token_id)
@@ -59,4 +50,4 @@ def build_engine(engine_cls: type, config: EngineConfig, *, keep_logits: bool = 
                          poison=env.debug_nan_arena if poison is None else poison,
                          kernel_backend=kernel_backend, keep_logits=keep_logits)
     name = config.model.served_model_name or (model_dir.name if path else "atom-tiny-dsv4")
-    return engine_cls(scheduler, runner, tokenizer, model_name=name, max_model_len=max_model_len)
+    return LLMEngine(scheduler, runner, tokenizer, model_name=name, max_model_len=max_model_len)

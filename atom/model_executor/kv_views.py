@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from atom.kernels.hca_state import HCA_STATE_ROWS
-from atom.model_engine.kv_group import is_csa
+from atom.kv_group import is_csa
 from atom.model_engine.kv_layout import KvLayout, RowRegion
 
 __all__ = ["CsaViews", "KvViews", "bind_kv_arena"]

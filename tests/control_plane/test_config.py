@@ -6,6 +6,7 @@ import pytest
 
 from atom.config import (CacheConfig, Dsv4KvSpec, EngineConfig, ParallelConfig, SchedulerConfig, load_hf_config,
                          preset_path)
+from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.validation import require_int
 
 
@@ -14,27 +15,27 @@ def flash_cfg():
 
 
 def test_flash_and_pro_specs_build_from_their_config_json():
-    flash = Dsv4KvSpec.from_hf_config(flash_cfg())
-    pro = Dsv4KvSpec.from_hf_config(load_hf_config(preset_path("deepseek_v4_pro")))
+    flash = DeepseekV4Config.from_hf_dict(flash_cfg()).kv_spec()
+    pro = DeepseekV4Config.from_preset("deepseek_v4_pro").kv_spec()
     assert (len(flash.csa_layers), len(flash.hca_layers), flash.num_layers) == (21, 20, 44)
     assert (len(pro.csa_layers), len(pro.hca_layers), pro.num_layers) == (30, 31, 62)
     assert flash.compress_ratios[-1] == 0 and flash.num_mtp_layers == 1
 
 
 def test_dropping_mtp_removes_its_layer():
-    assert Dsv4KvSpec.from_hf_config(flash_cfg(), include_mtp=False).num_layers == 43
+    assert DeepseekV4Config.from_hf_dict(flash_cfg()).kv_spec(include_mtp=False).num_layers == 43
 
 
 def test_a_ratio_list_of_the_wrong_length_is_rejected_with_both_counts():
     cfg = dict(flash_cfg(), compress_ratios=[0, 4])
     with pytest.raises(ValueError, match="expected num_hidden_layers"):
-        Dsv4KvSpec.from_hf_config(cfg)
+        DeepseekV4Config.from_hf_dict(cfg)
 
 
 def test_missing_keys_are_named():
     cfg = {k: v for k, v in flash_cfg().items() if k != "head_dim"}
     with pytest.raises(ValueError, match="head_dim"):
-        Dsv4KvSpec.from_hf_config(cfg)
+        DeepseekV4Config.from_hf_dict(cfg)
 
 
 @pytest.mark.parametrize("field,value,fragment", [

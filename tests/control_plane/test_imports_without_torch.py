@@ -15,7 +15,7 @@ class Block:
         return None
 sys.meta_path.insert(0, Block())
 import atom.model_engine as pkg
-names = ['atom.config', 'atom.envs', 'atom.bench.capacity']
+names = ['atom.config', 'atom.envs', 'atom.bench.capacity', 'atom.models.deepseek_v4.config']
 names += [m.name for m in pkgutil.iter_modules(pkg.__path__, 'atom.model_engine.')]
 for name in names:
     importlib.import_module(name)

@@ -2,15 +2,16 @@
 
 import pytest
 
-from atom.config import Dsv4KvSpec, load_hf_config, preset_path
+from atom.config import Dsv4KvSpec
 from atom.model_engine.kv_accounting import compressed_bytes_per_token, mla_kv_bytes, request_kv_bytes
+from atom.models.deepseek_v4.config import DeepseekV4Config
 
 GIB = 1 << 30
 MILLION = 1 << 20
 
 
 def spec(name, fmt, include_mtp=False):
-    return Dsv4KvSpec.from_hf_config(load_hf_config(preset_path(name)), row_format=fmt, include_mtp=include_mtp)
+    return DeepseekV4Config.from_preset(name).kv_spec(fmt, include_mtp=include_mtp)
 
 
 def test_v4_pro_bf16_holds_9_62_gib_for_a_million_tokens():

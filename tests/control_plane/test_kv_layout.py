@@ -2,14 +2,15 @@
 
 import pytest
 
-from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig, load_hf_config, preset_path
+from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.model_engine.kv_layout import InsufficientKvMemory, KvLayout, choose_chunk_pages, plan_kv_layout
+from atom.models.deepseek_v4.config import DeepseekV4Config
 
 GIB = 1 << 30
 
 
 def real_spec(name: str, fmt: str = "fp8_ds_mla") -> Dsv4KvSpec:
-    return Dsv4KvSpec.from_hf_config(load_hf_config(preset_path(name)), row_format=fmt)
+    return DeepseekV4Config.from_preset(name).kv_spec(fmt)
 
 
 def plan(spec: Dsv4KvSpec, kv_cache_bytes: int, max_num_seqs: int, max_model_len: int, chunk_pages: int = 0):

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from atom.config import EngineConfig, ParallelConfig
-from atom.model_engine.llm_engine import LLMEngine
 from atom.model_executor.engine_builder import build_engine
 from atom.model_executor.sampler import Sampler
 from atom.sampling_params import SamplingParams
@@ -101,4 +100,4 @@ def test_top_k_one_is_greedy_and_top_p_keeps_only_the_nucleus():
 def test_building_an_engine_for_more_than_one_tensor_parallel_rank_is_refused_with_the_accepted_value():
     config = EngineConfig(parallel=ParallelConfig(tensor_parallel_size=2))
     with pytest.raises(ValueError, match="tensor_parallel_size=2: .*accepted: 1"):
-        build_engine(LLMEngine, config)
+        build_engine(config)

@@ -1,6 +1,6 @@
 """Helpers of the server tests: start a real server on a free loopback port.
 
-A server here is the real thing: ``LLMEngine.from_config`` + the FastAPI app + uvicorn, listening
+A server here is the real thing: ``build_engine`` + the FastAPI app + uvicorn, listening
 on a free loopback port in a thread of the test process (so tests can also reach the engine, e.g.
 to run its integrity check). Every server's teardown runs ``check_integrity`` on its engine.
 """

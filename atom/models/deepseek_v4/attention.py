@@ -23,6 +23,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from atom.kv_group import is_csa
+
 from .cache import LayerCache
 from .compressor import Compressor
 from .config import DeepseekV4Config
@@ -79,7 +81,7 @@ class Attention(nn.Module):
         self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, cfg.dim, **kw)
         self.attn_sink = nn.Parameter(torch.empty(cfg.n_heads, dtype=torch.float32, device=device))
         self.compressor = Compressor(cfg, self.ratio, cfg.head_dim, self.freqs, **kw) if self.ratio else None
-        self.indexer = Indexer(cfg, self.freqs, **kw) if self.ratio == 4 else None
+        self.indexer = Indexer(cfg, self.freqs, **kw) if is_csa(self.ratio) else None
 
     # ----- separately callable pieces -----------------------------------------------------------------------------
     def project_q(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from atom.kv_group import CSA_OVERLAP_ROWS, CSA_STATE_RING, is_csa, state_ring_rows
+
 from .config import DeepseekV4Config
 
 
@@ -77,11 +79,11 @@ def new_cache(cfg: DeepseekV4Config, capacity: int, *, dtype: torch.dtype = torc
         lc = LayerCache(ratio=m, swa=torch.zeros(cfg.window_size, cfg.head_dim, dtype=dtype, device=device))
         if m:
             lc.entries = torch.zeros(capacity // m, cfg.head_dim, dtype=dtype, device=device)
-            ring, width = (2 * m, 2 * cfg.head_dim) if m == 4 else (m, cfg.head_dim)
-            lc.state = _state(ring, width, device)
-        if m == 4:
-            lc.index_keys = torch.zeros(capacity // 4, cfg.index_head_dim, dtype=dtype, device=device)
-            lc.index_state = _state(8, 2 * cfg.index_head_dim, device)
+            width = 2 * cfg.head_dim if is_csa(m) else cfg.head_dim
+            lc.state = _state(state_ring_rows(m), width, device)
+        if is_csa(m):
+            lc.index_keys = torch.zeros(capacity // m, cfg.index_head_dim, dtype=dtype, device=device)
+            lc.index_state = _state(CSA_STATE_RING, 2 * cfg.index_head_dim, device)
         layers.append(lc)
     cache = SequenceCache(layers=layers, capacity=capacity, n_mtp=cfg.n_mtp_layers)
     if poison is not None:
@@ -142,8 +144,8 @@ def _state_positions(ratio: int, p: int) -> list[int]:
     if ratio == 0:
         return []
     start = ratio * (p // ratio)
-    if ratio == 4:
-        start = max(0, start - 4)
+    if is_csa(ratio):
+        start = max(0, start - CSA_OVERLAP_ROWS)
     return list(range(start, p))
 
 
@@ -171,7 +173,7 @@ def snapshot(cache: SequenceCache, window: int) -> CacheSnapshot:
             index_keys=None if lc.index_keys is None else lc.index_keys[:n_entries].clone(),
             state_positions=st_pos,
             state_rows=_rows(lc.state, slots),
-            index_state_rows=_rows(lc.index_state, [q % 8 for q in st_pos]),
+            index_state_rows=_rows(lc.index_state, [q % CSA_STATE_RING for q in st_pos]),
         ))
     return CacheSnapshot(cache.num_tokens, cache.mtp_tokens, layers)
 

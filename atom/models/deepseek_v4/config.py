@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from atom.config import Dsv4KvSpec, load_hf_config, preset_path
+
 _SCORE_FUNCS = ("sqrtsoftplus", "softmax", "sigmoid")
 
 # (field, HF key, official ModelArgs key); required unless it appears in _OPTIONAL.
@@ -125,7 +127,7 @@ class DeepseekV4Config:
                     f"must divide n_heads*head_dim={self.n_heads * self.head_dim}")
         n_total = self.n_layers + self.n_mtp_layers
         self._check(len(self.compress_ratios) == n_total, "compress_ratios", list(self.compress_ratios),
-                    f"needs n_layers + n_mtp_layers = {n_total} entries")
+                    f"expected num_hidden_layers + num_nextn_predict_layers = {n_total} entries")
         self._check(all(r >= 0 for r in self.compress_ratios), "compress_ratios", list(self.compress_ratios),
                     "entries must be >= 0")
         self._check(all(r == 0 for r in self.compress_ratios[self.n_layers:]), "compress_ratios",
@@ -168,6 +170,18 @@ class DeepseekV4Config:
         """Compression ratio of block ``layer_id`` (MTP blocks follow the main layers)."""
         return self.compress_ratios[layer_id]
 
+    def kv_spec(self, row_format: str = "fp8_ds_mla", *, include_mtp: bool = True, block_size: int = 0) -> Dsv4KvSpec:
+        """What this model keeps per token and per request, for the KV arena to size itself from.
+
+        ``include_mtp=False`` leaves out the MTP layers' sliding-window cache (an engine that does not
+        run MTP). ``block_size`` 0 = the lcm of the compress ratios.
+        """
+        n = self.n_blocks if include_mtp else self.n_layers
+        return Dsv4KvSpec(compress_ratios=self.compress_ratios[:n], sliding_window=self.window_size,
+                          head_dim=self.head_dim, rope_head_dim=self.rope_head_dim,
+                          index_head_dim=self.index_head_dim, row_format=row_format,
+                          num_mtp_layers=self.n_mtp_layers if include_mtp else 0, block_size=block_size)
+
     # ----- constructors -------------------------------------------------------------------------------------------
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], **overrides: Any) -> "DeepseekV4Config":
@@ -206,6 +220,11 @@ class DeepseekV4Config:
         kwargs["extra"] = {k: d[k] for k in ("quantization_config", "expert_dtype", "torch_dtype") if k in d}
         kwargs.update(overrides)
         return cls(**kwargs)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "DeepseekV4Config":
+        """A bundled published config: ``deepseek_v4_flash`` or ``deepseek_v4_pro``."""
+        return cls.from_hf_dict(load_hf_config(preset_path(name)), **overrides)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The inverse of ``from_hf_dict`` (HF key names); used to write tiny checkpoints."""
