@@ -17,7 +17,7 @@ from typing import Any
 
 from atom.envs import AtomEnv
 from atom.validation import require_int
-from atom.kv_group import CSA_OVERLAP_ROWS, CSA_STATE_RING, is_csa, is_hca
+from atom.kv_group import CSA_OVERLAP_ROWS, CSA_STATE_RING, HCA_STATE_ROWS, is_csa, is_hca
 
 __all__ = [
     "KV_ROW_FORMATS",
@@ -37,8 +37,6 @@ __all__ = [
 #: reference engine runs).
 KV_ROW_FORMATS = ("fp8_ds_mla", "bf16", "fp32")
 
-_CSA_STATE_ROWS = 4  # overlap rows of the CSA compressors kept at a block boundary
-_HCA_STATE_ROWS = 3  # HCA accumulator: running max, running sum of exp, running weighted sum
 _FP32 = 4
 
 
@@ -133,7 +131,7 @@ class Dsv4KvSpec:
     def csa_state_bytes(self) -> int:
         """The CSA boundary state of one c4 layer: 4 overlap rows of kv and score, main + indexer, fp32."""
         width = 2 * self.head_dim + 2 * self.index_head_dim
-        return _CSA_STATE_ROWS * width * 2 * _FP32
+        return CSA_OVERLAP_ROWS * width * 2 * _FP32
 
     def compressor_state_bytes(self, layer: int) -> int:
         """Live compressor state of one request in one layer, fp32: CSA keeps a kv + score ring of
@@ -143,8 +141,8 @@ class Dsv4KvSpec:
         if r == 0:
             return 0
         if is_csa(r):
-            return 2 * r * (2 * self.head_dim + 2 * self.index_head_dim) * 2 * _FP32
-        return _HCA_STATE_ROWS * self.head_dim * _FP32
+            return CSA_STATE_RING * (2 * self.head_dim + 2 * self.index_head_dim) * 2 * _FP32
+        return HCA_STATE_ROWS * self.head_dim * _FP32
 
     @property
     def request_state_bytes(self) -> int:

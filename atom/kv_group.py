@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from atom.validation import require_int
 
-__all__ = ["CSA_RATIO", "CSA_OVERLAP_ROWS", "CSA_STATE_RING", "group_of_ratio", "is_csa", "is_hca",
+__all__ = ["CSA_RATIO", "CSA_OVERLAP_ROWS", "CSA_STATE_RING", "HCA_STATE_ROWS", "group_of_ratio", "is_csa", "is_hca",
            "state_ring_rows"]
 
 #: The compress ratio that makes a layer CSA.
@@ -23,6 +23,9 @@ CSA_RATIO = 4
 CSA_OVERLAP_ROWS = CSA_RATIO
 #: Rows of a live CSA compressor's kv/score ring (previous and current window; slot = pos % 8).
 CSA_STATE_RING = 2 * CSA_RATIO
+#: Rows of the engine's live HCA state: an online softmax accumulator (running max, running sum of
+#: exp, running weighted sum), whatever the ratio.
+HCA_STATE_ROWS = 3
 
 
 def group_of_ratio(ratio: int) -> str:

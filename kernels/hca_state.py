@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import torch
 
+from atom.kv_group import HCA_STATE_ROWS  # running max, running sum of exp, running weighted sum
+
 from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_rows, check_same_device,
                       launch_tiles, require_triton, triton, tl)
 from .swa_write import check_ragged
 
 __all__ = ["hca_state_update", "hca_state_update_ref", "HCA_STATE_ROWS", "empty_hca_state"]
 
-HCA_STATE_ROWS = 3  # running max, running sum of exp, running weighted sum
 
 
 def empty_hca_state(acc: torch.Tensor) -> None:

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from atom.kernels.hca_state import HCA_STATE_ROWS
-from atom.kv_group import is_csa
+from atom.kv_group import CSA_OVERLAP_ROWS, CSA_STATE_RING, HCA_STATE_ROWS, is_csa
 from atom.model_engine.kv_layout import KvLayout, RowRegion
 
 __all__ = ["CsaViews", "KvViews", "bind_kv_arena"]
@@ -69,7 +68,7 @@ def _csa(fp32: torch.Tensor, layout: KvLayout, layer: int) -> CsaViews:
     st = layout.csa_state(layer)
     views = {}
     for name, (off, width) in st.parts.items():
-        views[name] = torch.as_strided(fp32, (layout.max_swa_pages, 4, width), (st.page_stride // 4, width, 1),
+        views[name] = torch.as_strided(fp32, (layout.max_swa_pages, CSA_OVERLAP_ROWS, width), (st.page_stride // 4, width, 1),
                                        (st.offset + off) // 4)
     return CsaViews(**views)
 
@@ -101,8 +100,8 @@ def bind_kv_arena(layout: KvLayout, *, poison: bool = False, device: str | torch
         if is_csa(ratio):
             index[layer] = _rows(flat, layout.index_rows(layer), elem)
             csa[layer] = _csa(fp32, layout, layer)
-            state[layer] = _state_pool(slots, 2 * ratio, 2 * spec.head_dim, poison, device)
-            index_state[layer] = _state_pool(slots, 8, 2 * spec.index_head_dim, poison, device)
+            state[layer] = _state_pool(slots, CSA_STATE_RING, 2 * spec.head_dim, poison, device)
+            index_state[layer] = _state_pool(slots, CSA_STATE_RING, 2 * spec.index_head_dim, poison, device)
         else:
             hca[layer] = torch.full((slots, HCA_STATE_ROWS, spec.head_dim), float("nan") if poison else 0.0,
                                     device=device)
