@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping
 
 __all__ = ["EnvError", "EnvVar", "REGISTRY", "AtomEnv", "load", "documentation"]
@@ -115,6 +115,12 @@ REGISTRY: dict[str, EnvVar] = {
             "bool: fill the KV arena with NaN at start-up so any read of unwritten memory shows.",
             _parse_bool,
         ),
+        EnvVar(
+            "ATOM_API_KEY", "api_key", "",
+            "string: the key `atom serve` requires as `Authorization: Bearer KEY` when `--api-key` is not "
+            "given (kept out of the process list; empty = no key).",
+            lambda name, raw: raw.strip(),
+        ),
     )
 }
 
@@ -129,6 +135,7 @@ class AtomEnv:
     kernel_backend: str = "auto"
     cache_dir: str = ""
     debug_nan_arena: bool = False
+    api_key: str = field(default="", repr=False)  # a secret: never in a repr or a log
 
 
 def load(environ: Mapping[str, str] | None = None) -> AtomEnv:

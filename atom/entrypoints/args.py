@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 from atom import envs
 from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from atom.entrypoints.limits import ServerLimits
 
-__all__ = ["parse_bytes", "add_serve_arguments", "engine_config_from_args", "ServerArgs", "server_args_from"]
+__all__ = ["parse_bytes", "add_serve_arguments", "engine_config_from_args", "ServerArgs", "server_args_from",
+           "limits_from_args"]
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -58,6 +60,16 @@ def _int_at_least(minimum: int):
 
 
 _positive_int = _int_at_least(1)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
 _nonneg_int = _int_at_least(0)
 
 
@@ -78,7 +90,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=_port, default=8000, help="port (default: %(default)s; 0 = any free port)")
     parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on /v1/* (default: no key)")
+                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $ATOM_API_KEY, else no key; "
+                             "prefer the variable: arguments are visible in ps)")
     parser.add_argument("--max-model-len", type=_positive_int, default=ds.max_model_len,
                         help="longest prompt + output in tokens (default: %(default)s)")
     parser.add_argument("--max-num-seqs", type=_positive_int, default=ds.max_num_seqs,
@@ -96,6 +109,40 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=_nonneg_int, default=dm.seed, help="engine seed (default: %(default)s)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="server log level (default: %(default)s)")
+    _add_limit_arguments(parser)
+
+
+#: (flag, ServerLimits field, parser, help) of the request and connection limits.
+_LIMIT_FLAGS = (
+    ("--max-body-bytes", "max_body_bytes", _size_arg, "largest request body (413 beyond)"),
+    ("--max-prompt-chars", "max_prompt_chars", _positive_int, "characters of a request's text prompts or chat "
+                                                              "messages, checked before tokenizing"),
+    ("--max-prompts", "max_prompts", _positive_int, "prompts in one completions request"),
+    ("--max-messages", "max_messages", _positive_int, "messages in one chat request"),
+    ("--max-stop-strings", "max_stop_strings", _positive_int, "stop strings per request"),
+    ("--max-stop-chars", "max_stop_chars", _positive_int, "characters of one stop string"),
+    ("--max-n", "max_n", _positive_int, "n and best_of"),
+    ("--max-choices", "max_choices", _positive_int, "sequences one request may start (prompts x n)"),
+    ("--max-connections", "max_connections", _positive_int, "open connections; one beyond gets 503 and is closed"),
+    ("--header-timeout", "header_timeout", _positive_float, "seconds to send a request's headers"),
+    ("--body-timeout", "body_timeout", _positive_float, "seconds to send a request's body (408 beyond)"),
+    ("--keep-alive-timeout", "keep_alive_timeout", _positive_float, "seconds an idle connection stays open"),
+    ("--shutdown-timeout", "shutdown_timeout", _positive_float, "seconds SIGTERM / Ctrl-C waits for requests "
+                                                                 "in flight"),
+)
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    d = ServerLimits()
+    group = parser.add_argument_group("request and connection limits")
+    for flag, field, parse, doc in _LIMIT_FLAGS:
+        group.add_argument(flag, type=parse, default=getattr(d, field), dest=field,
+                           help=f"{doc} (default: %(default)s)")
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    """The :class:`ServerLimits` the flags give (``ValueError`` on a bad combination)."""
+    return ServerLimits(**{field: getattr(args, field) for _, field, _, _ in _LIMIT_FLAGS})
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -117,6 +164,7 @@ class ServerArgs:
     port: int = 8000
     api_key: str | None = None
     log_level: str = "info"
+    limits: ServerLimits = ServerLimits()
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -135,4 +183,7 @@ class ServerArgs:
 
 
 def server_args_from(args: argparse.Namespace) -> ServerArgs:
-    return ServerArgs(host=args.host, port=args.port, api_key=args.api_key, log_level=args.log_level)
+    """Network settings from the flags; the key falls back to ``ATOM_API_KEY`` (read via ``atom.envs``)."""
+    api_key = args.api_key if args.api_key is not None else (envs.load().api_key or None)
+    return ServerArgs(host=args.host, port=args.port, api_key=api_key, log_level=args.log_level,
+                      limits=limits_from_args(args))

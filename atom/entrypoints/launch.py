@@ -2,11 +2,18 @@
 
 Kept apart from the routes (``openai_server.py``) because it is the process-level concern: it
 owns uvicorn, signals and the console. :class:`Server` is also what the tests run in a thread.
+
+Stopping: SIGTERM or Ctrl-C stops accepting, lets requests in flight finish for up to
+``shutdown_timeout`` seconds (then cuts them), stops the engine, prints ``atom: server stopped``
+and exits 0. (uvicorn re-raises the signal it caught once it is done; the handler installed here
+for that moment turns it into a normal return instead of a kill by signal.)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import socket
 import sys
 import threading
@@ -17,6 +24,8 @@ import uvicorn
 from atom.config import EngineConfig
 from atom.entrypoints.args import ServerArgs, engine_config_from_args, server_args_from
 from atom.entrypoints.async_engine import AsyncEngine
+from atom.entrypoints.connections import RateLimitedLoopErrors, guarded_protocol
+from atom.entrypoints.metrics import ServerMetrics
 from atom.entrypoints.openai_server import build_app
 
 __all__ = ["Server", "load_engine", "serve_from_args"]
@@ -36,15 +45,22 @@ class Server(uvicorn.Server):
     for tests and tools that host the server inside their own process.
     """
 
-    def __init__(self, app: Any, args: ServerArgs, *, announce: bool = True) -> None:
-        super().__init__(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                        timeout_graceful_shutdown=5, access_log=args.log_level == "debug"))
+    def __init__(self, app: Any, args: ServerArgs, *, announce: bool = True,
+                 metrics: ServerMetrics | None = None) -> None:
+        lim = args.limits
+        on_reject = (lambda status: metrics.errors.labels(str(status)).inc()) if metrics else (lambda status: None)
+        protocol = guarded_protocol(lim.max_connections, lim.header_timeout, on_reject)
+        super().__init__(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, http=protocol,
+                                        timeout_keep_alive=lim.keep_alive_timeout,
+                                        timeout_graceful_shutdown=lim.shutdown_timeout,
+                                        access_log=args.log_level == "debug"))
         self.args = args
         self.announce = announce
         self.url: str | None = None
         self.ready = threading.Event()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().set_exception_handler(RateLimitedLoopErrors())
         await super().startup(sockets)
         if not self.started:
             return
@@ -86,10 +102,14 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     except (ValueError, OSError) as exc:
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 2
-    server = Server(build_app(engine, api_key=net.api_key), net)
+    metrics = ServerMetrics()
+    server = Server(build_app(engine, api_key=net.api_key, limits=net.limits, metrics=metrics), net, metrics=metrics)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # see the module docstring
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: that is a clean stop
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print("atom: server stopped", file=sys.stderr, flush=True)
     return 0 if server.started else 1

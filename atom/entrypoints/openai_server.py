@@ -7,24 +7,31 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/mo
 ``{"error": {"message", "type", "param", "code"}}``:
 
 =====  =====================================================================================
-400    malformed JSON, a wrong type or missing field, an invalid sampling value, a prompt that
-       does not fit ``max_model_len`` (the message gives the numbers), an empty prompt
+400    malformed JSON (any parse failure: syntax, encoding, integer digit limit, lone surrogates),
+       a wrong type or missing field, a size limit (:class:`ServerLimits`), an invalid sampling
+       value, an unsupported parameter, a prompt that does not fit ``max_model_len``, an empty prompt
 401    ``--api-key`` set and the ``Authorization: Bearer`` header is missing or wrong (/v1/* only)
 404    unknown model, unknown route
 405    wrong method on a known route
-413    request body over :data:`MAX_BODY_BYTES`
+408    the body did not arrive within ``body_timeout``
+413    request body over ``max_body_bytes``
 500    an unexpected failure while serving that one request (the server keeps running)
-503    the engine thread failed (``/health`` also answers 503)
+503    the engine thread failed (``/health`` also answers 503); over ``max_connections``
 =====  =====================================================================================
+
+Every error response is counted in ``atom_request_errors_total{status}``.
 
 The guard is plain ASGI middleware (not ``BaseHTTPMiddleware``, which would buffer streams and
 hide client disconnects): it checks the key, then reads at most ``max_body_bytes`` of the body
-and replays it to the app, so an oversized body is refused without being held in memory.
+within ``body_timeout`` and replays it to the app, so an oversized or dribbled body is refused
+without being held. Parsing, validation and tokenization then run in a thread pool
+(``request_parse.py``), never on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hmac
 import json
 import sys
@@ -34,23 +41,22 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atom.entrypoints.async_engine import AsyncEngine
+from atom.entrypoints.limits import ServerLimits
 from atom.entrypoints.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from atom.entrypoints.protocol import ApiError, ChatCompletionRequest, CompletionRequest, error_body
+from atom.entrypoints.request_parse import parse_body
 from atom.entrypoints.serving import OpenAIServing, wait_for_disconnect
 
-__all__ = ["MAX_BODY_BYTES", "build_app", "main"]
-
-#: Largest accepted request body (4 MiB; about a million tokens of text).
-MAX_BODY_BYTES = 4 * 1024 * 1024
+__all__ = ["build_app", "main"]
 
 _STATUS_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-                405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
-                503: "server_error"}
+                405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+                500: "server_error", 503: "server_error"}
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
@@ -64,13 +70,20 @@ async def _send_error(send: Callable[[dict], Awaitable[None]], status: int, mess
     await send({"type": "http.response.body", "body": body})
 
 
-class _Guard:
-    """API key check and body-size limit, ahead of routing (see the module docstring)."""
+def _bearer_token(header: bytes) -> str | None:
+    """The token of ``Authorization: Bearer <token>``; the scheme is case-insensitive (RFC 7235)."""
+    scheme, _, token = header.decode("latin-1").strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
+
+class _Guard:
+    """API key check, body-size limit and body deadline, ahead of routing (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, limits: ServerLimits, metrics: ServerMetrics) -> None:
         self.app = app
         self.api_key = api_key
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
+        self.metrics = metrics
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
                        send: Callable[[dict], Awaitable[None]]) -> None:
@@ -78,33 +91,52 @@ class _Guard:
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         if self.api_key is not None and scope["path"].startswith("/v1"):
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-                what = "missing" if not given else "incorrect"
-                return await _send_error(send, 401, f"API key {what}: send 'Authorization: Bearer <key>'",
+            given = headers.get(b"authorization")
+            token = None if given is None else _bearer_token(given)
+            if token is None or not hmac.compare_digest(token.encode(), self.api_key.encode()):
+                what = "missing" if given is None else "incorrect"
+                return await self._error(send, 401, f"API key {what}: send 'Authorization: Bearer <key>'",
                                          "invalid_api_key", [(b"www-authenticate", b"Bearer")])
         try:
             declared = int(headers.get(b"content-length", b"0"))
         except ValueError:
-            return await _send_error(send, 400, "Content-Length is not a number", "invalid_header")
-        if declared > self.max_body_bytes:
-            return await _send_error(send, 413, self._too_large(declared), "request_too_large")
-        chunks, size = [], 0
+            return await self._error(send, 400, "Content-Length is not a number", "invalid_header")
+        if declared > self.limits.max_body_bytes:
+            return await self._error(send, 413, self._too_large(declared), "request_too_large")
+        body = b""
         if scope.get("method") in ("POST", "PUT", "PATCH"):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunks.append(message.get("body", b""))
-                size += len(chunks[-1])
-                if size > self.max_body_bytes:
-                    return await _send_error(send, 413, self._too_large(size), "request_too_large")
-                if not message.get("more_body", False):
-                    break
-        return await self.app(scope, _replay(b"".join(chunks), receive), send)
+            try:
+                body = await asyncio.wait_for(self._read_body(receive, send), self.limits.body_timeout)
+            except asyncio.TimeoutError:
+                return await self._error(send, 408, f"the request body did not arrive within "
+                                                    f"{self.limits.body_timeout:g} s", "request_timeout")
+            if body is None:
+                return
+        return await self.app(scope, _replay(body, receive), send)
+
+    async def _read_body(self, receive: Callable[[], Awaitable[dict]],
+                         send: Callable[[dict], Awaitable[None]]) -> bytes | None:
+        """The whole body, or None after answering 413 or when the client left."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limits.max_body_bytes:
+                await self._error(send, 413, self._too_large(size), "request_too_large")
+                return None
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _error(self, send: Callable[[dict], Awaitable[None]], status: int, message: str, code: str,
+                     headers: list[tuple[bytes, bytes]] = ()) -> None:
+        self.metrics.errors.labels(str(status)).inc()
+        await _send_error(send, status, message, code, headers)
 
     def _too_large(self, size: int) -> str:
-        return f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes"
+        return f"request body of {size} bytes exceeds the limit of {self.limits.max_body_bytes} bytes"
 
 
 def _replay(body: bytes, receive: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
@@ -123,35 +155,13 @@ def _error_response(status: int, message: str, param: str | None = None, code: s
                         status_code=status)
 
 
-def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    loc = ".".join(str(p) for p in first["loc"] if not (isinstance(p, str) and "[" in p)) or None
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{loc or 'body'}: {first['msg']}{more}", loc.split(".")[0] if loc else None
-
-
-async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
-    except RecursionError:
-        raise ApiError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, f"the JSON body must be an object, got {type(data).__name__}", code="invalid_json")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        message, param = _validation_message(exc)
-        raise ApiError(400, message, param=param, code="invalid_type") from None
-
-
-def build_app(engine: AsyncEngine, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> Any:
+def build_app(engine: AsyncEngine, *, api_key: str | None = None, limits: ServerLimits | None = None,
+              metrics: ServerMetrics | None = None) -> Any:
     """The ASGI app. Its lifespan starts the engine thread and stops it on shutdown."""
-    metrics = ServerMetrics()
-    serving = OpenAIServing(engine, metrics)
+    limits = limits or ServerLimits()
+    metrics = metrics or ServerMetrics()
+    serving = OpenAIServing(engine, metrics, limits)
+    parse_pool = concurrent.futures.ThreadPoolExecutor(limits.parse_threads, thread_name_prefix="atom-parse")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -159,6 +169,7 @@ def build_app(engine: AsyncEngine, *, api_key: str | None = None, max_body_bytes
         try:
             yield
         finally:
+            parse_pool.shutdown(wait=False, cancel_futures=True)
             await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
 
     app = FastAPI(title="atom", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -171,6 +182,7 @@ def build_app(engine: AsyncEngine, *, api_key: str | None = None, max_body_bytes
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        metrics.errors.labels(str(exc.status_code)).inc()
         return _error_response(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
 
     @app.exception_handler(Exception)
@@ -179,9 +191,14 @@ def build_app(engine: AsyncEngine, *, api_key: str | None = None, max_body_bytes
         print(f"atom: internal error while serving a request: {exc!r}", file=sys.stderr)
         return _error_response(500, f"internal error: {type(exc).__name__}", code="internal_error")
 
+    def parse_and_prepare(raw: bytes, prep_fn: Callable[[Any], Any], body_model: type[BaseModel]) -> Any:
+        return prep_fn(parse_body(raw, body_model, limits))  # on a parse thread: may take a while
+
     async def respond(request: Request, prep_fn: Callable[[Any], Any], body_model: type[BaseModel]) -> Response:
         arrival = time.perf_counter()
-        prep = prep_fn(await _parse(request, body_model))
+        raw = await request.body()
+        prep = await asyncio.get_running_loop().run_in_executor(parse_pool, parse_and_prepare, raw, prep_fn,
+                                                                 body_model)
         group, index, states = await serving.start(prep)
         if prep.stream:
             return StreamingResponse(serving.run_stream(prep, group, index, states, arrival),
@@ -225,7 +242,7 @@ def build_app(engine: AsyncEngine, *, api_key: str | None = None, max_body_bytes
         stats = await engine.call(lambda e: e.stats()) if engine.healthy else None
         return Response(metrics.render(stats, engine.healthy), media_type=CONTENT_TYPE_LATEST)
 
-    return _Guard(app, api_key, max_body_bytes)
+    return _Guard(app, api_key, limits, metrics)
 
 
 def main(argv: list[str] | None = None) -> int:

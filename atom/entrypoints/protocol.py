@@ -17,12 +17,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ApiError", "StreamOptions", "ChatMessage", "CompletionRequest", "ChatCompletionRequest",
-           "usage_dict", "error_body", "MAX_N", "MAX_CHOICES"]
-
-#: Most choices one request may ask for (``n``).
-MAX_N = 64
-#: Most engine sequences one request may start (prompts x ``n``).
-MAX_CHOICES = 256
+           "usage_dict", "error_body"]
 
 
 class ApiError(Exception):
@@ -39,8 +34,14 @@ class ApiError(Exception):
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """The JSON body of every error response."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """The JSON body of every error response. Text that is not Unicode (a lone surrogate echoed from
+    the request) is escaped, so the body can always be encoded."""
+    return {"error": {"message": _encodable(message), "type": type,
+                      "param": None if param is None else _encodable(param), "code": code}}
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class _Strict(BaseModel):
@@ -65,6 +66,35 @@ class _SamplingFields(_Strict):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM-style extra: keep going past the end-of-sequence token
     user: str | None = None
+    # accepted so that asking for them is a clear 400 naming the parameter, never a silent 200
+    best_of: int | None = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    suffix: Any = None
+
+    def unsupported(self) -> str | None:
+        """The first parameter asked for that this server does not implement (None: all fine)."""
+        for name in ("logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value not in (None, False, 0, 0.0, {}):
+                return name
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of"
+        if self.response_format not in (None, {"type": "text"}):
+            return "response_format"
+        for name in ("tools", "functions", "suffix"):
+            if getattr(self, name):
+                return name
+        if self.tool_choice not in (None, "none", "auto"):
+            return "tool_choice"
+        return None
 
 
 class CompletionRequest(_SamplingFields):

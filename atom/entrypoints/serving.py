@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from atom.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestGroup
 from atom.entrypoints.metrics import ServerMetrics
-from atom.entrypoints.protocol import (MAX_CHOICES, MAX_N, ApiError, ChatCompletionRequest, CompletionRequest,
-                                       _SamplingFields, error_body, usage_dict)
+from atom.entrypoints.limits import ServerLimits
+from atom.entrypoints.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, _SamplingFields, error_body,
+                                       usage_dict)
 from atom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OpenAIServing", "Prepared"]
 
-_MAX_SEED = 2**63 - 1 - MAX_N  # choice k runs with seed + k, which must stay a signed 64-bit integer
 
 
 @dataclass
@@ -62,10 +62,12 @@ class _ChoiceState:
 class OpenAIServing:
     """Turns validated requests into engine work and responses. One per app."""
 
-    def __init__(self, engine: AsyncEngine, metrics: ServerMetrics) -> None:
+    def __init__(self, engine: AsyncEngine, metrics: ServerMetrics, limits: ServerLimits) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.limits = limits
         self.tokenizer = engine.tokenizer
+        self.max_seed = 2**63 - 1 - limits.max_n  # choice k runs with seed + k: a signed 64-bit integer
 
     # ---- validation into Prepared -------------------------------------------------------------
     def check_model(self, name: str) -> None:
@@ -78,6 +80,9 @@ class OpenAIServing:
         prompt = req.prompt
         if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
             texts = [prompt] if isinstance(prompt, str) else list(prompt)
+            self._check_chars(sum(len(t) for t in texts), "prompt")
+            if any(not t for t in texts):
+                raise ApiError(400, "prompt must not be empty", param="prompt")
             try:
                 prompts = [self.tokenizer.encode(t) for t in texts]
             except ValueError as exc:
@@ -98,6 +103,7 @@ class OpenAIServing:
     def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
         self.check_model(req.model)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        self._check_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
         except ValueError as exc:
@@ -115,17 +121,28 @@ class OpenAIServing:
         self._check_length(len(ids), max_tokens, "messages", req.max_tokens_param)
         return self._prepared("chat", "chatcmpl", req, [ids], max_tokens, [])
 
+    def _check_chars(self, num_chars: int, param: str) -> None:
+        """Before tokenizing or templating: the text must fit ``max_prompt_chars``."""
+        if num_chars > self.limits.max_prompt_chars:
+            raise ApiError(400, f"the {param} has {num_chars} characters, over the limit of "
+                                f"{self.limits.max_prompt_chars}", param=param, code="context_length_exceeded")
+
     def _prepared(self, kind: str, prefix: str, req: _SamplingFields, prompts: list[list[int]],
                   max_tokens: int, echo: list[str]) -> Prepared:
-        if not 1 <= req.n <= MAX_N:
-            raise ApiError(400, f"n={req.n} must be between 1 and {MAX_N}", param="n")
-        if len(prompts) * req.n > MAX_CHOICES:
+        lim = self.limits
+        bad = req.unsupported()
+        if bad is not None:
+            raise ApiError(400, f"{bad} is not supported by this server; leave it out", param=bad,
+                           code="unsupported_parameter")
+        if not 1 <= req.n <= lim.max_n:
+            raise ApiError(400, f"n={req.n} must be between 1 and {lim.max_n}", param="n")
+        if len(prompts) * req.n > lim.max_choices:
             raise ApiError(400, f"{len(prompts)} prompts x n={req.n} is {len(prompts) * req.n} sequences; at most "
-                                f"{MAX_CHOICES} per request", param="prompt")
+                                f"{lim.max_choices} per request", param="prompt")
         if req.stream_options is not None and not req.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
-        if req.seed is not None and not 0 <= req.seed <= _MAX_SEED:
-            raise ApiError(400, f"seed={req.seed} must be in [0, {_MAX_SEED}]", param="seed")
+        if req.seed is not None and not 0 <= req.seed <= self.max_seed:
+            raise ApiError(400, f"seed={req.seed} must be in [0, {self.max_seed}]", param="seed")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         params = [self._params(req, max_tokens, stop, k) for k in range(req.n)]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

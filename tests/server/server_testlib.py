@@ -16,6 +16,8 @@ from atom.builtin_model import BUILTIN_MODEL_NAME
 from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atom.entrypoints.args import ServerArgs
 from atom.entrypoints.launch import Server, load_engine
+from atom.entrypoints.limits import ServerLimits
+from atom.entrypoints.metrics import ServerMetrics
 from atom.entrypoints.openai_server import build_app
 
 SMALL_SCHEDULER = SchedulerConfig(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=512)
@@ -62,10 +64,12 @@ class RunningServer:
 
 
 def start_server(model_dir, *, api_key: str | None = None, max_body_bytes: int | None = None,
-                 enable_prefix_caching: bool = True) -> RunningServer:
+                 limits: ServerLimits | None = None, enable_prefix_caching: bool = True) -> RunningServer:
     engine = load_engine(small_config(model_dir, enable_prefix_caching))
-    kw = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
-    server = Server(build_app(engine, api_key=api_key, **kw), ServerArgs(port=0, log_level="warning"),
-                    announce=False)
+    if limits is None:
+        limits = ServerLimits() if max_body_bytes is None else ServerLimits(max_body_bytes=max_body_bytes)
+    metrics = ServerMetrics()
+    server = Server(build_app(engine, api_key=api_key, limits=limits, metrics=metrics),
+                    ServerArgs(port=0, log_level="warning", limits=limits), announce=False, metrics=metrics)
     thread = server.run_in_thread()
     return RunningServer(server.url, engine, server, thread)

@@ -1,0 +1,45 @@
+"""The server's size and time limits: what one client may send before any expensive work is done.
+
+Every limit is an ``atom serve`` flag (``args.py``) with the default here, and is checked as early as
+it can be: the body size while reading it, list lengths (prompts, messages, stop strings) on the
+parsed JSON before validation, prompt characters before tokenizing, ``n`` / ``best_of`` before
+building anything. So a request that is too big costs about as much as reading it, and parsing,
+validation, chat templating and tokenization run in a small thread pool, never on the event loop
+(``request_parse.py``), so nothing one client sends can stall the others' streams or ``/health``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+__all__ = ["ServerLimits"]
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Limits of one server. Every field must be positive; ``ValueError`` names the bad one."""
+
+    max_body_bytes: int = 4 * 1024 * 1024  #: largest request body
+    max_prompt_chars: int = 1024 * 1024  #: characters of text prompts (all of a request's prompts together)
+    max_prompts: int = 256  #: prompts in one completions request
+    max_messages: int = 1024  #: messages in one chat request
+    max_stop_strings: int = 16  #: stop strings per request
+    max_stop_chars: int = 256  #: characters of one stop string
+    max_n: int = 64  #: choices per prompt (``n``, ``best_of``)
+    max_choices: int = 256  #: engine sequences one request may start (prompts x n)
+    max_connections: int = 1024  #: open connections; a request beyond them gets 503
+    header_timeout: float = 10.0  #: seconds a connection may take to send a request's headers
+    body_timeout: float = 30.0  #: seconds a request may take to send its body
+    keep_alive_timeout: float = 5.0  #: seconds an idle keep-alive connection stays open
+    shutdown_timeout: float = 30.0  #: seconds SIGTERM waits for requests in flight before cutting them
+    parse_threads: int = 2  #: threads that parse, validate and tokenize requests
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{f.name}={value!r} must be a positive number")
+            if f.type == "int" and not isinstance(value, int):
+                raise ValueError(f"{f.name}={value!r} must be an integer")
+        if self.max_choices < self.max_n:
+            raise ValueError(f"max_choices={self.max_choices} must be >= max_n={self.max_n}")
