@@ -30,3 +30,14 @@ def test_chunked_capacity_counts_chunk_granularity_exactly():
     assert capacity.chunked_capacity(0.0, 10, 2, 5) == 50
     assert capacity.chunked_capacity(1.0, 10, 2, 5) == 20
     assert capacity.chunked_capacity(0.5, 10, 2, 5) == 29  # 14 SWA (7 chunks) + 15 compressed (3 chunks)
+
+
+def test_live_requests_hold_state_pages_and_every_count_beats_the_old_reservation():
+    rep = capacity.report_geometry("deepseek_v4_flash", "fp8_ds_mla", 10 * GIB, 256)
+    lay = rep.layout
+    assert capacity.ring_state_bytes(lay.spec) == 21 * 80 * 1024 + 20 * 512 * 1024  # the 11.6 MiB of before
+    assert [r.live for r in rep.live_rows] == [1, 16, 256]
+    assert [r.state_bytes // lay.chunk_bytes for r in rep.live_rows] == [1, 3, 43]  # 6 request states per chunk
+    assert all(r.reserved_bytes == 256 * capacity.ring_state_bytes(lay.spec) for r in rep.live_rows)
+    now = [r.tokens_now for r in rep.live_rows]
+    assert now == sorted(now, reverse=True) and all(r.tokens_now > r.tokens_before for r in rep.live_rows)

@@ -4,11 +4,12 @@
 
 For each real DeepSeek-V4 geometry (Flash / Pro, fp8_ds_mla and bf16 rows) and each demand mix
 ``f`` = share of SWA blocks among the blocks a workload holds (0%, 10%, ... 100%), it prints the
-usable capacity in tokens (blocks x block_size) of four designs, all given the same bytes (the
-budget minus the live compressor-state pool):
+usable capacity in tokens (blocks x block_size) of four designs, all given the same budget with
+``--max-live-requests`` requests live, whose compressor state counts as used:
 
 - ``arena``: this project's elastic arena (chunks span all layers; m SWA pages or k compressed
-  pages per chunk; padding and chunk granularity counted).
+  pages per chunk; padding and chunk granularity counted). The live requests' state takes
+  ``ceil(live / s)`` chunks of the state owner (``s`` state pages per chunk); the rest holds KV.
 - ``fixed``: two fixed pools (SWA / compressed) split at the single byte ratio that is best for the
   whole sweep (maximises its worst capacity / oracle); exact block sizes, no padding.
 - ``atom``: an ATOM-style arena: per-layer slices with one uniform chunk count for every ratio group,
@@ -17,6 +18,14 @@ budget minus the live compressor-state pool):
   c4 group's pages per chunk bound it. Indexer keys are budgeted inside the c4 page (ATOM left them
   out of its budget, which flattered it).
 - ``oracle``: budget / exact bytes per block at that mix (perfect flexibility, no padding).
+
+The fixed split, ATOM-style arena and oracle get the budget minus the live requests' exact state.
+
+A second table per geometry (``live requests``) shows what moving the state into the arena buys:
+for 1, 16 and 256 live requests, the arena's KV tokens at a 50% SWA share with the state taken as
+pages (what is live), against the same arena with the reservation this engine made before
+(``max_num_seqs`` = 256 request states taken off the budget up front, each with the HCA state as a
+``ratio``-row kv + score ring: :func:`ring_state_bytes`).
 
 The last line is ``capacity_vs_oracle_min=<x> vs_atom_style_min=<y> vs_fixed_split_min=<z>``: the
 minimum over every geometry and mix of the arena's capacity divided by each other design's.
@@ -29,12 +38,16 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
+from atom.kv_group import is_csa
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 
 MIXES = tuple(i / 10 for i in range(11))
 GEOMETRIES = (("deepseek_v4_flash", "fp8_ds_mla"), ("deepseek_v4_pro", "fp8_ds_mla"),
               ("deepseek_v4_flash", "bf16"), ("deepseek_v4_pro", "bf16"))
+LIVE_REQUESTS = (1, 16, 256)
+RESERVED_SEQS = 256  # the max_num_seqs whose state the engine used to reserve up front
+LIVE_MIX = 0.5  # the SWA share at which the live-requests table counts tokens
 
 
 def max_blocks(fits: Callable[[int], bool], upper: int) -> int:
@@ -91,12 +104,49 @@ def atom_style_chunks(spec: Dsv4KvSpec, budget: int) -> tuple[int, int]:
     return budget // chunk_set, min(pages)
 
 
+def ring_state_bytes(spec: Dsv4KvSpec) -> int:
+    """Per-request compressor state as this engine kept it before the HCA accumulator: the CSA rings
+    plus, per HCA layer, a ``ratio``-row fp32 kv + score ring (11.6 MiB on V4-Flash, 17.8 MiB on V4-Pro)."""
+    total = 0
+    for layer in spec.compressed_layers:
+        ratio = spec.compress_ratios[layer]
+        total += spec.compressor_state_bytes(layer) if is_csa(ratio) else 2 * ratio * spec.head_dim * 4
+    return total
+
+
+def state_chunks(layout: KvLayout, live: int) -> int:
+    """Chunks the state owner holds for ``live`` requests (whole request-state pages per chunk)."""
+    s = layout.state_pages_per_chunk
+    return -(-live // s) if s else 0
+
+
+@dataclass(frozen=True)
+class LiveRow:
+    """Arena KV tokens (at :data:`LIVE_MIX`) with ``live`` requests: state as pages vs the old reservation."""
+
+    live: int
+    state_bytes: int  # chunks the state owner holds
+    reserved_bytes: int  # what the old design took off the budget, whatever ran
+    tokens_now: int
+    tokens_before: int
+
+
+def live_request_rows(layout: KvLayout) -> tuple[LiveRow, ...]:
+    spec, m, k, b = layout.spec, layout.chunk_pages, layout.compress_pages_per_chunk, layout.spec.block_size
+    reserved = RESERVED_SEQS * ring_state_bytes(spec)
+    before = b * chunked_capacity(LIVE_MIX, (layout.kv_cache_bytes - reserved) // layout.chunk_bytes, m, k)
+    return tuple(LiveRow(n, state_chunks(layout, n) * layout.chunk_bytes, reserved,
+                         b * chunked_capacity(LIVE_MIX, layout.num_chunks - state_chunks(layout, n), m, k), before)
+                 for n in LIVE_REQUESTS)
+
+
 @dataclass(frozen=True)
 class GeometryReport:
     name: str
     layout: KvLayout
     fixed_share: float
     rows: tuple[tuple[float, int, int, int, float], ...]  # (mix, arena, fixed, atom, oracle) in tokens
+    live_rows: tuple[LiveRow, ...]
 
 
 def best_fixed_share(budget: int, spec: Dsv4KvSpec, mixes: Sequence[float]) -> float:
@@ -113,18 +163,19 @@ def report_geometry(preset: str, row_format: str, budget_bytes: int, max_live: i
     spec = DeepseekV4Config.from_preset(preset).kv_spec(row_format)
     layout = plan_kv_layout(spec, CacheConfig(kv_cache_bytes=budget_bytes),
                             SchedulerConfig(max_num_seqs=max_live, max_model_len=1 << 20))
-    usable = budget_bytes - layout.state_pool_bytes
+    usable = budget_bytes - max_live * spec.request_state_bytes
+    kv_chunks = layout.num_chunks - state_chunks(layout, max_live)
     swa, comp, b = spec.swa_block_bytes, spec.compressed_block_bytes, spec.block_size
     share = best_fixed_share(usable, spec, MIXES)
     atom_chunks, atom_k = atom_style_chunks(spec, usable)
     rows = tuple(
         (f,
-         b * chunked_capacity(f, layout.num_chunks, layout.chunk_pages, layout.compress_pages_per_chunk),
+         b * chunked_capacity(f, kv_chunks, layout.chunk_pages, layout.compress_pages_per_chunk),
          b * fixed_capacity(f, usable, swa, comp, share),
          b * chunked_capacity(f, atom_chunks, 1, atom_k),
          b * oracle_capacity(f, usable, swa, comp))
         for f in MIXES)
-    return GeometryReport(f"{preset} {row_format}", layout, share, rows)
+    return GeometryReport(f"{preset} {row_format}", layout, share, rows, live_request_rows(layout))
 
 
 def format_report(rep: GeometryReport) -> str:
@@ -132,7 +183,8 @@ def format_report(rep: GeometryReport) -> str:
     lines = [
         f"## {rep.name}: chunk = {lay.chunk_pages} SWA pages ({lay.chunk_bytes} B) or "
         f"{lay.compress_pages_per_chunk} compressed pages; {lay.num_chunks} chunks; "
-        f"packing swa {lay.swa_packing:.4f} compressed {lay.compressed_packing:.4f}; "
+        f"{lay.state_pages_per_chunk} request states of {lay.spec.request_state_bytes / 2**20:.2f} MiB; "
+        f"packing swa {lay.swa_packing:.4f} compressed {lay.compressed_packing:.4f} state {lay.state_packing:.4f}; "
         f"budget remainder {lay.budget_remainder:.5f}; fixed split SWA share {rep.fixed_share:.3f}",
         "| SWA share | arena tokens | fixed split | ATOM-style | oracle | arena/oracle | arena/ATOM | arena/fixed |",
         "|---|---|---|---|---|---|---|---|",
@@ -140,6 +192,13 @@ def format_report(rep: GeometryReport) -> str:
     for f, arena, fixed, atom, oracle in rep.rows:
         lines.append(f"| {f:.0%} | {arena:,} | {fixed:,} | {atom:,} | {oracle:,.0f} | "
                      f"{arena / oracle:.4f} | {arena / atom:.3f} | {arena / fixed:.3f} |")
+    lines += ["", f"live requests (arena KV tokens at {LIVE_MIX:.0%} SWA share; before = {RESERVED_SEQS} request "
+                  f"states of {ring_state_bytes(lay.spec) / 2**20:.1f} MiB reserved up front):",
+              "| live requests | state in the arena | reserved before | KV tokens now | KV tokens before | now/before |",
+              "|---|---|---|---|---|---|"]
+    for r in rep.live_rows:
+        lines.append(f"| {r.live} | {r.state_bytes / 2**20:,.1f} MiB | {r.reserved_bytes / 2**30:.2f} GiB | "
+                     f"{r.tokens_now:,} | {r.tokens_before:,} | {r.tokens_now / r.tokens_before:.3f} |")
     return "\n".join(lines)
 
 
@@ -164,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m atom.bench.capacity", description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget-gib", type=float, default=40.0, help="KV memory budget in GiB (default 40)")
     ap.add_argument("--max-live-requests", type=int, default=64,
-                    help="live compressor-state slots taken off the budget first (default 64)")
+                    help="live requests whose compressor state counts as used in the mix table (default 64)")
     ap.add_argument("--layout", action="store_true", help="also print the byte offsets of each layout")
     args = ap.parse_args(argv)
     if args.budget_gib <= 0:

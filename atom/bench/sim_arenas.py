@@ -6,17 +6,20 @@ its pools use on :class:`~atom.model_engine.unified_kv_arena.UnifiedKvArena` (``
 ``lends_between_owners`` ...), so the *same* block manager and scheduler run over each of them:
 
 - :class:`SplitKvArena`: two fixed pools (SWA / compressed) at a byte share of one budget, each its
-  own :class:`ChunkArena` of exact-size pages (no padding). ``lends_between_owners`` is False: a page
-  one pool frees can never serve the other.
+  own :class:`ChunkArena` of exact-size pages (no padding), plus a fixed pool of ``max_num_seqs``
+  request states. ``lends_between_owners`` is False: a page one pool frees can never serve another.
 - :func:`atom_style_layout`: an ATOM-style arena (one chunk = one SWA block in every layer's slice,
   uniform chunk count per ratio group; a compressed page needs a page in every compressed group, so
-  the c4 group bounds the pages per chunk). Sizes come from :func:`atom.bench.capacity.atom_style_chunks`;
-  the arena itself is the real :class:`UnifiedKvArena` over that layout.
-- :class:`OracleKvArena`: the byte-granular bound. Every page costs its exact bytes from one shared
-  budget and is its own chunk, so nothing is padded and any freed byte serves either owner.
+  the c4 group bounds the pages per chunk) with ATOM's fixed pool of ``max_num_seqs`` request states.
+  Sizes come from :func:`atom.bench.capacity.atom_style_chunks`; the arena itself is the real
+  :class:`UnifiedKvArena` over that layout (``reserved_state_slots``).
+- :class:`OracleKvArena`: the byte-granular bound. Every page (a request's state included) costs its
+  exact bytes from one shared budget and is its own chunk, so nothing is padded and any freed byte
+  serves any owner.
 
-All three budget the same bytes as the elastic arena: the KV budget minus the live compressor-state
-pool (:func:`usable_bytes`).
+Every design gets the same KV budget. The elastic arena and the oracle hold request state in it as
+pages of the ``state`` owner; the fixed split and the ATOM-style arena take their fixed state pool
+off it first (:func:`usable_bytes`), as those designs do.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from atom.config import CacheConfig
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.chunk_arena import ChunkArena, ChunkBackedFreeList
 from atom.model_engine.kv_layout import KvLayout
-from atom.model_engine.page_map import COMPRESS, OWNERS, SWA, LogicalPageMap
+from atom.model_engine.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
 
 if TYPE_CHECKING:
     from atom.bench.simulate import SimConfig
@@ -39,13 +42,15 @@ __all__ = ["Policy", "ARENA", "ARENA_POLICIES", "OTHER_POLICIES", "fixed", "buil
 
 
 def usable_bytes(layout: KvLayout) -> int:
-    """The bytes every design shares out: the budget minus the live compressor-state pool."""
-    return layout.kv_cache_bytes - layout.state_pool_bytes
+    """The KV bytes a fixed-pool design shares out: the budget minus a fixed pool of
+    ``max_live_requests`` request states (the reservation the elastic arena does not make)."""
+    return layout.kv_cache_bytes - layout.max_live_requests * layout.spec.request_state_bytes
 
 
 def exact_page_bytes(layout: KvLayout) -> dict[str, int]:
-    """Exact (unpadded) bytes of one block of each owner: what counts as holding KV."""
-    return {SWA: layout.spec.swa_block_bytes, COMPRESS: layout.spec.compressed_block_bytes}
+    """Exact (unpadded) bytes of one page of each owner: what counts as holding memory."""
+    spec = layout.spec
+    return {SWA: spec.swa_block_bytes, COMPRESS: spec.compressed_block_bytes, STATE: spec.request_state_bytes}
 
 
 @dataclass(frozen=True)
@@ -56,8 +61,8 @@ class PoolSizedLayout(KvLayout):
     ``max_compressed_pages``; a fixed split or the oracle has its own page counts per owner.
     """
 
-    swa_pages: int
-    compress_pages: int
+    swa_pages: int = 0
+    compress_pages: int = 0
 
     @property
     def max_swa_pages(self) -> int:  # type: ignore[override]
@@ -68,9 +73,9 @@ class PoolSizedLayout(KvLayout):
         return self.compress_pages
 
 
-def _pool_layout(base: KvLayout, swa_pages: int, compress_pages: int) -> PoolSizedLayout:
+def _pool_layout(base: KvLayout, swa_pages: int, compress_pages: int, reserved: int) -> PoolSizedLayout:
     return PoolSizedLayout(base.spec, base.kv_cache_bytes, base.max_live_requests, 1, 1,
-                           base.spec.swa_block_bytes, 0, swa_pages, compress_pages)
+                           base.spec.swa_block_bytes, 0, reserved, swa_pages=swa_pages, compress_pages=compress_pages)
 
 
 class _PagedArena(LogicalPageMap):
@@ -93,7 +98,8 @@ class _PagedArena(LogicalPageMap):
 
 
 class SplitKvArena(_PagedArena):
-    """Two fixed pools: ``swa_pages`` SWA pages and ``compress_pages`` compressed pages, never lent.
+    """Fixed pools: ``swa_pages`` SWA pages, ``compress_pages`` compressed pages and
+    ``layout.max_live_requests`` state pages, never lent.
 
     Contract: a pool's pages serve only its owner; ``chunks_needed`` counts the pages an allocation
     lacks in its own pool and ``can_alloc`` is true only when neither pool lacks any, so the block
@@ -102,7 +108,8 @@ class SplitKvArena(_PagedArena):
 
     def __init__(self, layout: KvLayout, swa_pages: int, compress_pages: int) -> None:
         super().__init__(layout)
-        self._arenas = {SWA: ChunkArena(swa_pages), COMPRESS: ChunkArena(compress_pages)}
+        self._arenas = {SWA: ChunkArena(swa_pages), COMPRESS: ChunkArena(compress_pages),
+                        STATE: ChunkArena(layout.max_live_requests)}
         self._lists = {o: ChunkBackedFreeList(self._arenas[o], 1, o) for o in OWNERS}
 
     @property
@@ -125,16 +132,17 @@ class SplitKvArena(_PagedArena):
     def available(self, owner: str) -> int:
         return self._lists[owner].available()
 
-    def chunks_needed(self, swa: int = 0, compress: int = 0) -> int:
+    def chunks_needed(self, swa: int = 0, compress: int = 0, state: int = 0) -> int:
         """Pages the allocation lacks in its own pools (0: it fits)."""
-        return max(0, swa - self.available(SWA)) + max(0, compress - self.available(COMPRESS))
+        return sum(max(0, n - self.available(o)) for o, n in ((SWA, swa), (COMPRESS, compress), (STATE, state)))
 
-    def can_alloc(self, swa: int = 0, compress: int = 0) -> bool:
-        return self.chunks_needed(swa, compress) == 0
+    def can_alloc(self, swa: int = 0, compress: int = 0, state: int = 0) -> bool:
+        return self.chunks_needed(swa, compress, state) == 0
 
-    def _shortfall(self, swa: int, compress: int) -> str:
+    def _shortfall(self, swa: int, compress: int, state: int) -> str:
         return (f"fixed split: {swa} SWA pages ({self.available(SWA)} free) + "
-                f"{compress} compressed pages ({self.available(COMPRESS)} free) do not fit")
+                f"{compress} compressed pages ({self.available(COMPRESS)} free) + "
+                f"{state} state pages ({self.available(STATE)} free) do not fit")
 
     def _take_page(self, owner: str) -> int:
         return self._lists[owner].pop()
@@ -166,8 +174,8 @@ class OracleKvArena(_PagedArena):
         self.budget = budget
         self.cost = exact_page_bytes(layout)
         self.used_bytes = 0
-        self._free_pages: dict[str, list[int]] = {SWA: [], COMPRESS: []}
-        self._next_page = {SWA: 0, COMPRESS: 0}
+        self._free_pages: dict[str, list[int]] = {owner: [] for owner in OWNERS}
+        self._next_page = {owner: 0 for owner in OWNERS}
 
     @property
     def lends_between_owners(self) -> bool:
@@ -176,8 +184,8 @@ class OracleKvArena(_PagedArena):
     def free_bytes(self) -> int:
         return self.budget - self.used_bytes
 
-    def bytes_for(self, swa: int = 0, compress: int = 0) -> int:
-        return swa * self.cost[SWA] + compress * self.cost[COMPRESS]
+    def bytes_for(self, swa: int = 0, compress: int = 0, state: int = 0) -> int:
+        return swa * self.cost[SWA] + compress * self.cost[COMPRESS] + state * self.cost[STATE]
 
     def num_used(self, owner: str) -> int:
         return len(self._phys[owner])
@@ -191,14 +199,14 @@ class OracleKvArena(_PagedArena):
     def available(self, owner: str) -> int:
         return self.free_bytes() // self.cost[owner]
 
-    def chunks_needed(self, swa: int = 0, compress: int = 0) -> int:
-        return swa + compress
+    def chunks_needed(self, swa: int = 0, compress: int = 0, state: int = 0) -> int:
+        return swa + compress + state
 
-    def can_alloc(self, swa: int = 0, compress: int = 0) -> bool:
-        return self.bytes_for(swa, compress) <= self.free_bytes()
+    def can_alloc(self, swa: int = 0, compress: int = 0, state: int = 0) -> bool:
+        return self.bytes_for(swa, compress, state) <= self.free_bytes()
 
-    def _shortfall(self, swa: int, compress: int) -> str:
-        return f"oracle: {self.bytes_for(swa, compress)} B needed, {self.free_bytes()} B free"
+    def _shortfall(self, swa: int, compress: int, state: int) -> str:
+        return f"oracle: {self.bytes_for(swa, compress, state)} B needed, {self.free_bytes()} B free"
 
     def _take_page(self, owner: str) -> int:
         if self._free_pages[owner]:
@@ -229,23 +237,25 @@ def split_arena(layout: KvLayout, swa_share: float) -> tuple[PoolSizedLayout, Sp
     usable, cost = usable_bytes(layout), exact_page_bytes(layout)
     swa_pages = int(usable * swa_share) // cost[SWA]
     comp_pages = int(usable * (1.0 - swa_share)) // cost[COMPRESS]
-    lay = _pool_layout(layout, swa_pages, comp_pages)
+    lay = _pool_layout(layout, swa_pages, comp_pages, layout.max_live_requests)
     return lay, SplitKvArena(lay, swa_pages, comp_pages)
 
 
 def oracle_arena(layout: KvLayout) -> tuple[PoolSizedLayout, OracleKvArena]:
-    """The byte-granular oracle over :func:`usable_bytes` (id spaces sized for either owner alone)."""
-    usable, cost = usable_bytes(layout), exact_page_bytes(layout)
-    lay = _pool_layout(layout, usable // cost[SWA], usable // cost[COMPRESS])
-    return lay, OracleKvArena(lay, usable)
+    """The byte-granular oracle over the whole budget (id spaces sized for either KV owner alone)."""
+    budget, cost = layout.kv_cache_bytes, exact_page_bytes(layout)
+    lay = _pool_layout(layout, budget // cost[SWA], budget // cost[COMPRESS], 0)
+    return lay, OracleKvArena(lay, budget)
 
 
 def atom_style_layout(layout: KvLayout) -> KvLayout:
-    """An ATOM-style layout over the same usable bytes: one SWA page per chunk, the chunk count and
-    compressed pages per chunk of :func:`atom.bench.capacity.atom_style_chunks`."""
+    """An ATOM-style layout: a fixed pool of ``max_live_requests`` request states, then one SWA page
+    per chunk, the chunk count and compressed pages per chunk of
+    :func:`atom.bench.capacity.atom_style_chunks` over the rest."""
     usable = usable_bytes(layout)
     chunks, k = atom_style_chunks(layout.spec, usable)
-    return KvLayout(layout.spec, layout.kv_cache_bytes, layout.max_live_requests, 1, k, usable // chunks, chunks)
+    return KvLayout(layout.spec, layout.kv_cache_bytes, layout.max_live_requests, 1, k, usable // chunks, chunks,
+                    reserved_state_slots=layout.max_live_requests)
 
 
 # ---- policies: which arena (and which retention flags) the block manager runs over ----------

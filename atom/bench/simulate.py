@@ -13,8 +13,8 @@ runner call (one token per decoding request, prefill chunked by the token budget
 
 Throughput = tokens served (prompt + generated tokens of every finished request) / modelled seconds
 from 0 to the last completion. Utilisation at a step = (pages in use, live or cached, x their exact
-block bytes, both owners) / usable bytes (the budget minus the live compressor-state pool, the same
-for every policy); "under memory pressure" = the steps in which the block manager evicted a cached
+bytes, all three owners: SWA and compressed blocks and live requests' compressor state) / the KV
+budget (the same for every policy); "under memory pressure" = the steps in which the block manager evicted a cached
 block or the scheduler preempted a request. Hit rate = reused prompt tokens / prompt tokens, counted
 at each request's first admission (``Sequence.stats``); the lost-token columns are ``bm.counters``.
 
@@ -38,14 +38,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence as Seq
 
 from atom.bench.sim_arenas import (ARENA, ARENA_POLICIES, OTHER_POLICIES, Policy, build_block_manager,
-                                   exact_page_bytes, fixed, usable_bytes)
+                                   exact_page_bytes, fixed)
 from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, first_prompt, request_id, segment_tokens
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.model_engine.fake_runner import FakeRunner
 from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence, SequenceStatus
-from atom.model_engine.unified_kv_arena import COMPRESS, SWA
+from atom.model_engine.unified_kv_arena import COMPRESS, STATE, SWA
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams
 
@@ -141,7 +141,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
     bm = build_block_manager(policy, layout, cfg)
     sched = Scheduler(cfg.limits, bm, None)
     runner = FakeRunner(vocab_size=VOCAB)
-    usable, cost = usable_bytes(layout), exact_page_bytes(layout)
+    budget, cost = layout.kv_cache_bytes, exact_page_bytes(layout)
     by_sid = {s.sid: s for s in sessions}
     pending: list[tuple[float, int, int]] = [(s.arrival, request_id(s.sid, 0), s.sid) for s in sessions]
     heapq.heapify(pending)
@@ -198,7 +198,8 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
         run_area += running * dt
         used_swa = bm.arena.num_used(SWA) * cost[SWA]
         used_comp = bm.arena.num_used(COMPRESS) * cost[COMPRESS]
-        util = (used_swa + used_comp) / usable
+        used_state = bm.arena.num_used(STATE) * cost[STATE]
+        util = (used_swa + used_comp + used_state) / budget
         util_area += util * dt
         if bm.comp.num_evictions + bm.swa.pool.num_evictions + sched.num_preemptions > pressure0:
             util_pressure_area += util * dt
@@ -251,7 +252,7 @@ class WorkloadReport:
     workload: str
     results: dict[str, RunResult]
     best_share: dict[bool, float]  # retain? -> best SWA share of the sweep
-    usable_bytes: int
+    budget_bytes: int
 
     def best_fixed(self, retain: bool = False) -> RunResult:
         return self.results[fixed(self.best_share[retain], retain).name]
@@ -274,7 +275,7 @@ def compare(geometry: str, workload: str, sessions: Seq[Session], cfg: SimConfig
         log(f"  [{geometry} {workload}] {i + 1}/{len(policies)} {pol.name}: {r.steps} steps, "
             f"{r.modelled_s:.1f} modelled s in {r.wall_s:.1f} wall s, {r.throughput:,.0f} tok/s")
     best = {r: max(shares, key=lambda s: (results[fixed(s, r).name].throughput, -s)) for r in (False, True)}
-    return WorkloadReport(geometry, workload, results, best, usable_bytes(layout))
+    return WorkloadReport(geometry, workload, results, best, layout.kv_cache_bytes)
 
 
 def _fmt(x: float, spec: str = ".3f") -> str:
@@ -316,7 +317,7 @@ def plot(reports: list[WorkloadReport], path: str) -> None:
         ts = [p[0] for p in r.series]
         ax1.plot(ts, [p[1] / 2**30 for p in r.series], style, color="tab:blue", label=f"{name}: SWA")
         ax1.plot(ts, [p[2] / 2**30 for p in r.series], style, color="tab:orange", label=f"{name}: compressed")
-    ax1.axhline(focus.usable_bytes / 2**30, color="black", linewidth=0.5, label="usable bytes")
+    ax1.axhline(focus.budget_bytes / 2**30, color="black", linewidth=0.5, label="KV budget")
     ax1.set_xlabel("modelled seconds")
     ax1.set_ylabel("GiB holding live or cached KV")
     ax1.set_title(f"Occupancy per owner over time: {focus.geometry} / {focus.workload}")

@@ -1,12 +1,13 @@
 """BlockManager: the prefix cache and every block a request holds, over one elastic arena.
 
 It owns the arena (``.arena``), the compressed block pool, the SWA pool (``.swa``) and the live
-compressor-state slots. Per request it
+compressor-state pages (``.slots``, pages of the arena's ``state`` owner). Per request it
 
 - matches the prompt against the prefix cache (compressed hit, bounded by the SWA window and the
   captured CSA state), and claims the hit blocks;
 - grows the request's tables before each step (new compressed blocks, SWA pages for every block the
-  step touches), making room by eviction when the arena is short;
+  step touches, and at admission its compressor-state page), making room by eviction when the arena
+  is short;
 - after each step publishes fully written blocks and releases SWA blocks that left the window;
 - frees everything when the request ends or is preempted.
 
@@ -29,7 +30,7 @@ from atom.model_engine.chunk_arena import ArenaEmpty
 from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.outputs import TableUpdate
 from atom.model_engine.sequence import Sequence
-from atom.model_engine.state_slots import StateSlotPool
+from atom.model_engine.state_slots import StatePages
 from atom.model_engine.swa_pool import SlidingWindowPool
 from atom.model_engine.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
 
@@ -73,7 +74,7 @@ class BlockManager:
         self.swa = SlidingWindowPool(self.arena, spec.sliding_window, cache.swa_full_retain,
                                      cache.swa_retention_interval,
                                      int(cache.swa_pin_fraction * layout.max_swa_pages), bool(spec.csa_layers))
-        self.slots = StateSlotPool(layout.max_live_requests)
+        self.slots = StatePages(self.arena, spec.request_state_bytes > 0)
         self.comp.on_evict = self.swa.unpin_hash
         self.swa.on_table_change = lambda seq, idx, page: self.updates.append(TableUpdate(seq.seq_id, SWA, idx, page))
         self.updates: list[TableUpdate] = []
@@ -99,11 +100,9 @@ class BlockManager:
     def admit(self, seq: Sequence, max_new: int) -> int:
         """Claim ``seq``'s prefix hit and back its first step of up to ``max_new`` tokens.
 
-        Returns the number of tokens the first step runs, or 0 (changing nothing) when there is no
-        free state slot or the arena cannot make room.
+        Returns the number of tokens the first step runs, or 0 (changing nothing) when the arena
+        cannot make room for its first pages and its compressor-state page.
         """
-        if self.slots.num_free() == 0:
-            return 0
         match = self.match_prefix(seq)
         self._claim_hit(seq, match.blocks)
         num_new = min(seq.num_remaining, max_new)
@@ -113,7 +112,6 @@ class BlockManager:
             self._release(seq)
             seq.num_computed_tokens = seq.num_cached_tokens = 0
             return 0
-        seq.state_slot = self.slots.take()
         seq.state_fresh = True
         seq.retain_boundaries = self._retain_boundaries(seq, match)
         self._count(seq, match)
@@ -156,16 +154,19 @@ class BlockManager:
         if self.has_compressed:
             comp_new = max(0, -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.comp_blocks))
         swa_new = self.swa.pages_needed(seq, num_new)
-        self._make_room(swa_new, comp_new)
+        state_new = self.slots.pages_needed(seq)
+        self._make_room(swa_new, comp_new, state_new)
         for bid in self.comp.allocate(comp_new):
             seq.comp_blocks.append(bid)
             seq.comp_pages.append(self.comp.page(bid))
             self.updates.append(TableUpdate(seq.seq_id, COMPRESS, len(seq.comp_pages) - 1, seq.comp_pages[-1]))
         self.swa.ensure(seq, num_new)
+        if state_new:
+            self.slots.take(seq)
 
-    def _make_room(self, swa: int, comp: int) -> None:
-        pools = {SWA: self.swa.pool, COMPRESS: self.comp}
-        while not self.arena.can_alloc(swa, comp):
+    def _make_room(self, swa: int, comp: int, state: int = 0) -> None:
+        pools = {SWA: self.swa.pool, COMPRESS: self.comp}  # the state owner caches nothing
+        while not self.arena.can_alloc(swa, comp, state):
             short = [o for o, n in ((SWA, swa), (COMPRESS, comp)) if self.arena.chunks_needed(**{o: n}) > 0]
             if any(pools[o].evict_lru() for o in short):
                 continue
@@ -173,7 +174,8 @@ class BlockManager:
             if any(pool.reclaim_chunk() for pool in lenders):
                 continue
             if not self.swa.release_oldest_pin():
-                raise ArenaEmpty(f"no room for {swa} SWA + {comp} compressed pages and nothing evictable")
+                raise ArenaEmpty(f"no room for {swa} SWA + {comp} compressed + {state} state pages "
+                                 "and nothing evictable")
 
     # ---- after a step -------------------------------------------------------------------------
     def after_step(self, seq: Sequence) -> None:
@@ -192,8 +194,7 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release everything ``seq`` holds (finished, aborted or preempted)."""
         self._release(seq)
-        if seq.state_slot >= 0:
-            self.slots.give_back(seq.state_slot)
+        self.slots.give_back(seq)
         seq.reset_blocks()
 
     def _release(self, seq: Sequence) -> None:
@@ -229,5 +230,5 @@ class BlockManager:
         self.comp.check_integrity(comp_holders)
         self.swa.pool.check_integrity(swa_holders)
         self.arena.check_integrity()
-        self.slots.check_integrity([s.state_slot for s in seqs if s.state_slot >= 0])
+        self.slots.check_integrity(seqs)
         assert self.swa.num_pins <= max(self.swa.max_pins, 0)

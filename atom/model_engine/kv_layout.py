@@ -1,6 +1,8 @@
-"""Sizing the KV arena: a pure function from (KV spec, byte budget, live requests) to a layout.
+"""Sizing the KV arena: a pure function from (KV spec, byte budget) to a layout.
 
-One flat byte buffer is cut into ``num_chunks`` equal chunks. A chunk spans **all layers**:
+One flat byte buffer is cut into ``num_chunks`` equal chunks. A chunk spans **all layers**. Three
+owners borrow chunks: SWA, compressed and ``state`` (the live compressor state of admitted requests,
+``s`` whole request-state pages per chunk; see :mod:`atom.model_engine.state_layout`):
 
     SWA-owned chunk (m SWA pages; page p starts at byte p * swa_page_bytes of the buffer)
     +-- page 0 ----------------------------------------------------------------+-- page 1 ...
@@ -38,6 +40,7 @@ from typing import NamedTuple
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.kv_group import CSA_OVERLAP_ROWS, group_of_ratio, is_csa
+from atom.model_engine.state_layout import StatePart, state_pages_per_chunk, state_parts
 from atom.validation import require_int
 
 __all__ = ["ArenaGroupSpec", "RowRegion", "CsaStateRegion", "KvLayout", "plan_kv_layout", "ChunkShape",
@@ -151,28 +154,35 @@ def choose_chunk_pages(spec: Dsv4KvSpec, target: float, max_pages: int) -> int:
 
 @dataclass(frozen=True)
 class KvLayout:
-    """The result of sizing: chunk geometry, counts, and per-layer row regions."""
+    """The result of sizing: chunk geometry, counts, and per-layer row regions.
+
+    ``max_live_requests`` (the scheduler's ``max_num_seqs``) only sizes the runner's per-request
+    tables: live compressor state is memory of the arena's ``state`` owner, taken per admitted
+    request. ``reserved_state_slots`` > 0 describes the older design instead (a fixed pool of that
+    many request states outside the chunks, taken off the budget first); the simulator and the
+    capacity report use it to compare against, the engine runs with 0.
+    """
 
     spec: Dsv4KvSpec
-    kv_cache_bytes: int  # the whole budget (arena + live compressor-state pool)
+    kv_cache_bytes: int  # the whole budget (chunks + any reserved state pool)
     max_live_requests: int
     chunk_pages: int  # m: SWA pages per chunk
     compress_pages_per_chunk: int  # k
     swa_page_bytes: int
     num_chunks: int
+    reserved_state_slots: int = 0
 
     @classmethod
     def for_chunks(cls, spec: Dsv4KvSpec, num_chunks: int, limits: SchedulerConfig,
                    cache: CacheConfig | None = None) -> "KvLayout":
         """The layout with exactly ``num_chunks`` arena chunks; its ``kv_cache_bytes`` is the
-        smallest budget that gives them (state pool + whole chunks), so :func:`plan_kv_layout`
-        with that budget returns the same layout. Tests and benchmarks size arenas in chunks with
-        it. ``cache`` supplies the chunk-shape settings (its ``kv_cache_bytes`` is ignored)."""
+        smallest budget that gives them (whole chunks), so :func:`plan_kv_layout` with that budget
+        returns the same layout. Tests and benchmarks size arenas in chunks with it. ``cache``
+        supplies the chunk-shape settings (its ``kv_cache_bytes`` is ignored)."""
         require_int("num_chunks", num_chunks, 0)
         geometry = chunk_shape(spec, cache or CacheConfig())
         m, spb, _ = geometry
-        budget = limits.max_num_seqs * spec.request_state_bytes + num_chunks * m * spb
-        return _layout_with_chunks(spec, geometry, budget, num_chunks, limits)
+        return _layout_with_chunks(spec, geometry, num_chunks * m * spb, num_chunks, limits)
 
     @property
     def chunk_bytes(self) -> int:
@@ -184,7 +194,29 @@ class KvLayout:
 
     @property
     def state_pool_bytes(self) -> int:
-        return self.max_live_requests * self.spec.request_state_bytes
+        """Bytes of a reserved state pool outside the chunks (0 in the elastic arena)."""
+        return self.reserved_state_slots * self.spec.request_state_bytes
+
+    @property
+    def state_pages_per_chunk(self) -> int:
+        """Request-state pages in a chunk lent to the state owner (0: the model keeps no state)."""
+        return state_pages_per_chunk(self.chunk_bytes, self.spec.request_state_bytes)
+
+    @property
+    def state_page_bytes(self) -> int:
+        """Stride between state pages: ``chunk_bytes / state_pages_per_chunk`` (they tile chunks)."""
+        s = self.state_pages_per_chunk
+        return self.chunk_bytes // s if s else 0
+
+    @property
+    def max_state_pages(self) -> int:
+        return self.num_chunks * self.state_pages_per_chunk
+
+    @property
+    def state_packing(self) -> float:
+        """Share of a state-owned chunk holding request state (the rest is padding)."""
+        s = self.state_pages_per_chunk
+        return s * self.spec.request_state_bytes / self.chunk_bytes if s else 0.0
 
     @property
     def max_swa_pages(self) -> int:
@@ -209,7 +241,7 @@ class KvLayout:
 
     @property
     def budget_remainder(self) -> float:
-        """Share of the budget left over after the state pool and whole chunks."""
+        """Share of the budget left over after whole chunks (and any reserved state pool)."""
         return (self.kv_cache_bytes - self.state_pool_bytes - self.arena_bytes) / self.kv_cache_bytes
 
     # ---- regions ------------------------------------------------------------------------------
@@ -265,6 +297,17 @@ class KvLayout:
         return CsaStateRegion(layer, self._csa_state_offsets[layer], self.swa_page_bytes,
                               2 * self.spec.head_dim, 2 * self.spec.index_head_dim)
 
+    def state_parts(self, layer: int) -> dict[str, StatePart]:
+        """The state parts of ``layer`` inside a state page (``KeyError`` for a layer without state)."""
+        parts = {p.name: p for p in self._state_parts if p.layer == layer}
+        if not parts:
+            raise KeyError(f"layer {layer} (ratio {self.spec.compress_ratios[layer]}) keeps no compressor state")
+        return parts
+
+    @cached_property
+    def _state_parts(self) -> tuple[StatePart, ...]:
+        return state_parts(self.spec)
+
     def group_specs(self) -> dict[str, ArenaGroupSpec]:
         """The layout grouped by ratio (``dense`` / ``c4`` / ``c128`` ...)."""
         groups: dict[str, list[int]] = {}
@@ -285,9 +328,9 @@ class KvLayout:
 
 def request_chunks_needed(layout_m: int, layout_k: int, spec: Dsv4KvSpec, max_model_len: int) -> int:
     """Chunks one request of ``max_model_len`` tokens needs: its window's SWA pages (plus the block
-    being written) and every compressed block."""
+    being written), every compressed block, and its compressor-state page."""
     swa_pages = spec.tail_blocks + 1
-    chunks = -(-swa_pages // layout_m)
+    chunks = -(-swa_pages // layout_m) + (1 if spec.request_state_bytes else 0)
     if spec.compressed_layers:
         comp_pages = -(-max_model_len // spec.block_size)
         chunks += -(-comp_pages // layout_k)
@@ -309,38 +352,44 @@ def chunk_shape(spec: Dsv4KvSpec, cache: CacheConfig) -> ChunkShape:
                          f"{spec.block_size}; build the spec from the cache config")
     m = cache.chunk_pages or choose_chunk_pages(spec, cache.packing_target, cache.max_chunk_pages)
     spb = _swa_page_bytes(spec, m)
+    if not cache.chunk_pages:  # a chunk must hold at least one request's compressor state
+        while spec.request_state_bytes and not state_pages_per_chunk(m * spb, spec.request_state_bytes):
+            m += 1
+            spb = _swa_page_bytes(spec, m)
     k = _pages_that_fit(spec, m * spb)
     if spec.compressed_layers and k == 0:
         raise ValueError(f"chunk_pages={m} gives chunks too small for one compressed block")
+    if spec.request_state_bytes and not state_pages_per_chunk(m * spb, spec.request_state_bytes):
+        raise ValueError(f"chunk_pages={m} gives chunks of {m * spb} B, too small for one request's "
+                         f"compressor state ({spec.request_state_bytes} B); use more pages per chunk (or 0 = choose)")
     return ChunkShape(m, spb, k)
 
 
 def _layout_with_chunks(spec: Dsv4KvSpec, geometry: ChunkShape, budget: int, num_chunks: int,
                         limits: SchedulerConfig) -> KvLayout:
     m, spb, k = geometry
-    state = limits.max_num_seqs * spec.request_state_bytes
     need_chunks = request_chunks_needed(m, k, spec, limits.max_model_len)
     if num_chunks < need_chunks:
-        need = state + need_chunks * m * spb
+        need = need_chunks * m * spb
         raise InsufficientKvMemory(
             f"KV cache budget {budget} B ({budget / 2**30:.3f} GiB) cannot hold one request "
             f"of {limits.max_model_len} tokens: it needs at least {need} B ({need / 2**30:.3f} GiB) = "
-            f"{need_chunks} chunks of {m * spb} B + compressor state for {limits.max_num_seqs} live "
-            f"requests ({state} B). Raise the KV memory, or lower max_model_len / max_num_seqs.")
+            f"{need_chunks} chunks of {m * spb} B (its window, its compressed blocks and its compressor "
+            f"state). Raise the KV memory, or lower max_model_len.")
     return KvLayout(spec, budget, limits.max_num_seqs, m, k, spb, num_chunks)
 
 
 def plan_kv_layout(spec: Dsv4KvSpec, cache: CacheConfig, limits: SchedulerConfig) -> KvLayout:
-    """Size the arena for ``spec`` inside ``cache.kv_cache_bytes``.
+    """Size the arena for ``spec`` inside ``cache.kv_cache_bytes``: the whole budget becomes chunks.
 
-    The live compressor-state pool (``limits.max_num_seqs`` slots) is taken off the budget first;
-    the rest becomes whole chunks. Raises :class:`InsufficientKvMemory` (saying how many bytes are
-    needed) when one request of ``limits.max_model_len`` tokens would not fit. The sizes themselves
-    were validated by the two configs.
+    Nothing is reserved per live request: each admitted request's compressor state is a page of the
+    arena's ``state`` owner, so ``limits.max_num_seqs`` is a scheduling limit only. Raises
+    :class:`InsufficientKvMemory` (saying how many bytes are needed) when one request of
+    ``limits.max_model_len`` tokens would not fit. The sizes themselves were validated by the two
+    configs.
     """
     geometry = chunk_shape(spec, cache)
     m, spb, _ = geometry
-    state = limits.max_num_seqs * spec.request_state_bytes
-    num_chunks = max(0, (cache.kv_cache_bytes - state) // (m * spb))
+    num_chunks = cache.kv_cache_bytes // (m * spb)
     return _layout_with_chunks(spec, geometry, cache.kv_cache_bytes, num_chunks, limits)
 

@@ -1,4 +1,4 @@
-"""Logical block id -> physical page maps for both arena owners, allocated all or nothing.
+"""Logical id -> physical page maps for the three arena owners, allocated all or nothing.
 
 Kept apart from :class:`~atom.model_engine.unified_kv_arena.UnifiedKvArena` because the trace
 simulator runs the same block manager over other arenas (a fixed split, a byte-granular oracle):
@@ -12,25 +12,26 @@ from typing import Iterable, Sequence
 
 from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError
 
-__all__ = ["SWA", "COMPRESS", "OWNERS", "LogicalPageMap"]
+__all__ = ["SWA", "COMPRESS", "STATE", "OWNERS", "LogicalPageMap"]
 
 SWA = "swa"
 COMPRESS = "compress"
-OWNERS = (SWA, COMPRESS)
+STATE = "state"  # one page per admitted request: its live compressor state (logical id = seq id)
+OWNERS = (SWA, COMPRESS, STATE)
 
 
 class LogicalPageMap:
     """The maps and the all-or-nothing ``alloc`` / ``free`` every arena shares."""
 
     def __init__(self) -> None:
-        self._phys: dict[str, dict[int, int]] = {SWA: {}, COMPRESS: {}}
+        self._phys: dict[str, dict[int, int]] = {owner: {} for owner in OWNERS}
 
     # ---- what a subclass provides -------------------------------------------------------------
-    def can_alloc(self, swa: int = 0, compress: int = 0) -> bool:
+    def can_alloc(self, swa: int = 0, compress: int = 0, state: int = 0) -> bool:
         raise NotImplementedError
 
-    def _shortfall(self, swa: int, compress: int) -> str:
-        """Why ``swa`` + ``compress`` new pages do not fit (for the :class:`ArenaEmpty` message)."""
+    def _shortfall(self, swa: int, compress: int, state: int) -> str:
+        """Why ``swa`` + ``compress`` + ``state`` new pages do not fit (for the :class:`ArenaEmpty` message)."""
         raise NotImplementedError
 
     def _take_page(self, owner: str) -> int:
@@ -50,20 +51,22 @@ class LogicalPageMap:
     def is_backed(self, owner: str, lid: int) -> bool:
         return lid in self._phys[owner]
 
-    def alloc(self, swa: Sequence[int] = (), compress: Sequence[int] = ()) -> dict[str, list[int]]:
+    def alloc(self, swa: Sequence[int] = (), compress: Sequence[int] = (),
+              state: Sequence[int] = ()) -> dict[str, list[int]]:
         """Give every listed logical id of each owner a page, all or nothing.
 
         Raises :class:`ArenaEmpty` (and changes nothing) when the pages do not fit, and
         :class:`ArenaError` when an id is already backed or listed twice.
         """
-        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
+        wanted = ((SWA, swa), (COMPRESS, compress), (STATE, state))
+        for owner, lids in wanted:
             dup = [lid for lid in lids if lid in self._phys[owner]]
             if dup or len(set(lids)) != len(lids):
                 raise ArenaError(f"{owner}: logical ids already backed or repeated: {dup or list(lids)}")
-        if not self.can_alloc(len(swa), len(compress)):
-            raise ArenaEmpty(self._shortfall(len(swa), len(compress)))
-        out: dict[str, list[int]] = {SWA: [], COMPRESS: []}
-        for owner, lids in ((SWA, swa), (COMPRESS, compress)):
+        if not self.can_alloc(len(swa), len(compress), len(state)):
+            raise ArenaEmpty(self._shortfall(len(swa), len(compress), len(state)))
+        out: dict[str, list[int]] = {owner: [] for owner in OWNERS}
+        for owner, lids in wanted:
             for lid in lids:
                 page = self._take_page(owner)
                 self._phys[owner][lid] = page

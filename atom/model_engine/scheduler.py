@@ -145,7 +145,7 @@ class Scheduler:
             if seq.seq_id in self._preempted_now:
                 break
             n = self.bm.admit(seq, budget)
-            if n == 0 and not self.running and self.bm.slots.num_free():
+            if n == 0 and not self.running:
                 n = self.bm.admit(seq, 1)
                 if n == 0:
                     self.waiting.popleft()

@@ -1,41 +1,58 @@
-"""The live compressor-state slots: one per admitted request, budgeted by the KV layout.
+"""Live compressor state: one page of the arena's ``state`` owner per admitted request.
 
-A slot is handed out *clean*: the scheduler marks the request's first step ``state_reset`` so the
-runner clears it (kv 0, score -inf) before use. ATOM's slots kept the previous owner's rows, which
-leaked into a resumed request's first compression.
+A request's state page is taken together with its first KV pages (the block manager makes room for
+all of them at once, so admission is all or nothing) and returned when the request ends or is
+preempted. Its physical page id is the request's ``state_slot``: the runner binds one view per
+state part over the arena's state pages and addresses them by that id.
+
+A page is handed out *dirty* (it may hold another owner's old bytes): the scheduler marks the
+request's first step ``state_reset`` so the runner clears its CSA rings (kv 0, score -inf) before
+use; the HCA accumulator needs no clearing because a block's first position never reads it. ATOM's
+slots kept the previous owner's rows, which leaked into a resumed request's first compression.
 """
 
 from __future__ import annotations
 
-from atom.validation import require_int
-__all__ = ["StateSlotPool"]
+from typing import TYPE_CHECKING
+
+from atom.model_engine.page_map import STATE, LogicalPageMap
+
+if TYPE_CHECKING:
+    from atom.model_engine.sequence import Sequence
+
+__all__ = ["StatePages"]
 
 
-class StateSlotPool:
-    """Free slot ids, lowest first."""
+class StatePages:
+    """The state pages of live requests; logical id = ``seq_id`` (unique among live requests)."""
 
-    def __init__(self, num_slots: int) -> None:
-        require_int("num_slots", num_slots, 1)
-        self.num_slots = num_slots
-        self._free = list(range(num_slots - 1, -1, -1))
-        self._used: set[int] = set()
+    def __init__(self, arena: LogicalPageMap, has_state: bool) -> None:
+        self.arena = arena
+        self.has_state = has_state
+        self._held: dict[int, int] = {}  # seq_id -> page
 
-    def num_free(self) -> int:
-        return len(self._free)
+    def num_held(self) -> int:
+        return len(self._held)
 
-    def take(self) -> int:
-        if not self._free:
-            raise RuntimeError("no free compressor-state slot; admission must check num_free() first")
-        slot = self._free.pop()
-        self._used.add(slot)
-        return slot
+    def pages_needed(self, seq: Sequence) -> int:
+        """1 for a request that needs a state page and has none yet, else 0."""
+        return int(self.has_state and seq.state_slot < 0)
 
-    def give_back(self, slot: int) -> None:
-        if slot not in self._used:
-            raise RuntimeError(f"state slot {slot} returned but not in use")
-        self._used.remove(slot)
-        self._free.append(slot)
+    def take(self, seq: Sequence) -> None:
+        """Give ``seq`` its state page; the caller made room (:class:`ArenaEmpty` if it did not)."""
+        assert seq.seq_id not in self._held, f"seq {seq.seq_id} already holds state page {self._held[seq.seq_id]}"
+        seq.state_slot = self.arena.alloc(state=[seq.seq_id])[STATE][0]
+        self._held[seq.seq_id] = seq.state_slot
 
-    def check_integrity(self, held: list[int]) -> None:
-        assert sorted(held) == sorted(self._used), f"slots held {sorted(held)} vs used {sorted(self._used)}"
-        assert len(self._free) + len(self._used) == self.num_slots
+    def give_back(self, seq: Sequence) -> None:
+        if seq.state_slot < 0:
+            return
+        assert self._held.pop(seq.seq_id, None) == seq.state_slot, f"seq {seq.seq_id}: state page not held"
+        self.arena.free(STATE, [seq.seq_id])
+        seq.state_slot = -1
+
+    def check_integrity(self, seqs: list[Sequence]) -> None:
+        held = {s.seq_id: s.state_slot for s in seqs if s.state_slot >= 0}
+        assert held == self._held, f"state pages held {held} vs recorded {self._held}"
+        for sid, page in held.items():
+            assert self.arena.page(STATE, sid) == page, f"seq {sid}: stale state page"

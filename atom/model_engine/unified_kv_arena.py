@@ -1,4 +1,4 @@
-"""The elastic KV arena: two owners (SWA and compressed) borrowing chunks of one byte buffer.
+"""The elastic KV arena: three owners (SWA, compressed, state) borrowing chunks of one byte buffer.
 
 ``UnifiedKvArena`` maps each owner's *logical* block ids (what the block manager hashes and
 shares) to *physical* pages (what the kernels address, see :mod:`atom.model_engine.kv_layout`).
@@ -7,8 +7,12 @@ pools' policy. Allocation is all-or-nothing: a request for several blocks of one
 either gets every page or changes nothing.
 
 Owners: ``swa`` (an SWA page = one B-token block of every layer, plus the fused CSA boundary state
-of every c4 layer) and ``compress`` (a compressed page = one B-token block of compressed rows and
-indexer keys of every compressed layer).
+of every c4 layer), ``compress`` (a compressed page = one B-token block of compressed rows and
+indexer keys of every compressed layer) and ``state`` (a state page = the live compressor state of
+one admitted request, every compressed layer; see :mod:`atom.model_engine.state_layout`). A chunk
+lent to the state owner holds ``layout.state_pages_per_chunk`` whole state pages. With
+``layout.reserved_state_slots`` > 0 (the fixed-pool design the benchmarks compare against) the
+state owner draws from a pool of that many pages outside the chunks instead.
 """
 
 from __future__ import annotations
@@ -16,22 +20,26 @@ from __future__ import annotations
 from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
 from atom.kv_group import group_of_ratio
 from atom.model_engine.kv_layout import ArenaGroupSpec, KvLayout
-from atom.model_engine.page_map import COMPRESS, OWNERS, SWA, LogicalPageMap
+from atom.model_engine.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
 
-__all__ = ["SWA", "COMPRESS", "OWNERS", "UnifiedKvArena", "ArenaGroupSpec", "group_of_ratio",
+__all__ = ["SWA", "COMPRESS", "STATE", "OWNERS", "UnifiedKvArena", "ArenaGroupSpec", "group_of_ratio",
            "ArenaEmpty", "ArenaError", "LogicalPageMap"]
 
 
 class UnifiedKvArena(LogicalPageMap):
-    """Logical->physical page maps for both owners over one :class:`ChunkArena`."""
+    """Logical->physical page maps for the three owners over one :class:`ChunkArena`."""
 
     def __init__(self, layout: KvLayout) -> None:
         super().__init__()
         self.layout = layout
         self.chunks = ChunkArena(layout.num_chunks)
+        reserved = layout.reserved_state_slots
+        self._state_pool = ChunkArena(reserved) if reserved else None
         self._lists = {
             SWA: ChunkBackedFreeList(self.chunks, layout.chunk_pages, SWA),
             COMPRESS: ChunkBackedFreeList(self.chunks, max(1, layout.compress_pages_per_chunk), COMPRESS),
+            STATE: (ChunkBackedFreeList(self._state_pool, 1, STATE) if self._state_pool is not None else
+                    ChunkBackedFreeList(self.chunks, max(1, layout.state_pages_per_chunk), STATE)),
         }
 
     # ---- queries ------------------------------------------------------------------------------
@@ -51,12 +59,16 @@ class UnifiedKvArena(LogicalPageMap):
         """Pages this owner can get now without anyone evicting: own free pages + free chunks."""
         return self._lists[owner].available()
 
-    def chunks_needed(self, swa: int = 0, compress: int = 0) -> int:
-        """Free chunks an allocation of ``swa`` + ``compress`` new pages would borrow."""
-        return self._lists[SWA].chunks_needed(swa) + self._lists[COMPRESS].chunks_needed(compress)
+    def chunks_needed(self, swa: int = 0, compress: int = 0, state: int = 0) -> int:
+        """Free chunks of the shared arena an allocation of ``swa`` + ``compress`` + ``state`` new
+        pages would borrow (a reserved state pool lends none)."""
+        need = self._lists[SWA].chunks_needed(swa) + self._lists[COMPRESS].chunks_needed(compress)
+        return need + (0 if self._state_pool is not None else self._lists[STATE].chunks_needed(state))
 
-    def can_alloc(self, swa: int = 0, compress: int = 0) -> bool:
-        return self.chunks_needed(swa, compress) <= self.chunks.num_free()
+    def can_alloc(self, swa: int = 0, compress: int = 0, state: int = 0) -> bool:
+        if self._state_pool is not None and state > self._lists[STATE].available():
+            return False
+        return self.chunks_needed(swa, compress, state) <= self.chunks.num_free()
 
     def chunk_used_pages(self, owner: str, page: int) -> int:
         """Pages in use in the chunk holding ``page`` (for chunk-aware eviction)."""
@@ -73,9 +85,9 @@ class UnifiedKvArena(LogicalPageMap):
         return True
 
     # ---- allocation (maps and all-or-nothing alloc / free: LogicalPageMap) ------------------
-    def _shortfall(self, swa: int, compress: int) -> str:
-        return (f"need {self.chunks_needed(swa, compress)} free chunks for {swa} SWA + {compress} "
-                f"compressed pages; {self.chunks.num_free()} free")
+    def _shortfall(self, swa: int, compress: int, state: int) -> str:
+        return (f"need {self.chunks_needed(swa, compress, state)} free chunks for {swa} SWA + {compress} "
+                f"compressed + {state} state pages; {self.chunks.num_free()} free")
 
     def _take_page(self, owner: str) -> int:
         return self._lists[owner].pop()
@@ -91,7 +103,10 @@ class UnifiedKvArena(LogicalPageMap):
         owned: dict[int, str] = {}
         for owner, lst in self._lists.items():
             lst.check_integrity()
-            for chunk in lst.owned_chunks():
+            if lst.arena is not self.chunks:  # a reserved state pool: its own conservation
+                self._state_pool.check_integrity()
+                assert len(lst.owned_chunks()) + self._state_pool.num_free() == self._state_pool.num_chunks
+            for chunk in lst.owned_chunks() if lst.arena is self.chunks else ():
                 assert chunk not in owned, f"chunk {chunk} owned by {owned[chunk]} and {owner}"
                 owned[chunk] = owner
             pages = list(self._phys[owner].values())
@@ -101,7 +116,8 @@ class UnifiedKvArena(LogicalPageMap):
         assert len(owned) + self.chunks.num_free() == self.chunks.num_chunks, "chunks not conserved"
 
     def usage(self) -> dict[str, int]:
-        """Bytes per owner (whole owned chunks) and free, for metrics."""
+        """Bytes per owner (whole owned chunks; a reserved state pool counts whole) and free, for metrics."""
         cb = self.layout.chunk_bytes
-        return {SWA: self.owned_chunks(SWA) * cb, COMPRESS: self.owned_chunks(COMPRESS) * cb,
+        state = self.layout.state_pool_bytes if self._state_pool is not None else self.owned_chunks(STATE) * cb
+        return {SWA: self.owned_chunks(SWA) * cb, COMPRESS: self.owned_chunks(COMPRESS) * cb, STATE: state,
                 "free": self.chunks.num_free() * cb}

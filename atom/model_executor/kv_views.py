@@ -7,14 +7,19 @@ turns offsets into views, so the runner has no geometry of its own:
 - ``comp[layer]`` / ``index[layer]``: 2D row views of compressed rows / indexer keys; row =
   ``(page // k) * chunk_rows + (page % k) * entries_per_block + slot``;
 - ``csa[layer]``: the fused CSA boundary state, four fp32 ``[swa_pages, 4, width]`` views;
-- ``state[layer]`` / ``index_state[layer]`` (CSA layers): the live compressor rings (outside the arena,
-  budgeted by the layout): ``(kv, score)`` fp32 ``[slots, 8, width]`` of the main and indexer compressors;
-- ``hca[layer]`` (HCA layers): the online softmax accumulator, fp32 ``[slots, 3, head_dim]``
+- ``state[layer]`` / ``index_state[layer]`` (CSA layers): the live compressor rings, ``(kv, score)``
+  fp32 ``[state_pages, 8, width]`` of the main and indexer compressors;
+- ``hca[layer]`` (HCA layers): the online softmax accumulator, fp32 ``[state_pages, 3, head_dim]``
   (running max, running sum of exp, running weighted sum; see :mod:`atom.kernels.hca_state`).
 
+The state views address pages of the arena's ``state`` owner (a request's ``state_slot`` is its
+page): page ``p`` starts at byte ``p * state_page_bytes`` (state pages tile chunks exactly), each
+part at its offset inside the page (:mod:`atom.model_engine.state_layout`). A view spans every
+page of the buffer; only pages of chunks the state owner holds are ever addressed.
+
 Rows are stored in the layout's row format; this engine runs the ``fp32`` format (the CPU reference
-path) and ``bf16``. With ``poison`` the buffer and the state pool start as NaN, so any read of memory
-that no step wrote shows in the outputs.
+path) and ``bf16``. With ``poison`` the buffer starts as NaN, so any read of memory that no step
+wrote shows in the outputs.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from atom.kv_group import CSA_OVERLAP_ROWS, CSA_STATE_RING, HCA_STATE_ROWS, is_csa
+from atom.kv_group import CSA_OVERLAP_ROWS, is_csa
 from atom.model_engine.kv_layout import KvLayout, RowRegion
 
 __all__ = ["CsaViews", "KvViews", "bind_kv_arena"]
@@ -73,15 +78,20 @@ def _csa(fp32: torch.Tensor, layout: KvLayout, layer: int) -> CsaViews:
     return CsaViews(**views)
 
 
-def _state_pool(slots: int, ring: int, width: int, poison: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
-    fill = float("nan") if poison else 0.0
-    return (torch.full((slots, ring, width), fill, device=device),
-            torch.full((slots, ring, width), float("nan") if poison else float("-inf"), device=device))
+def _state(fp32: torch.Tensor, layout: KvLayout, layer: int) -> dict[str, torch.Tensor]:
+    """One ``[state_pages, rows, width]`` view per state part of ``layer``."""
+    stride = layout.state_page_bytes // 4
+    return {name: torch.as_strided(fp32, (layout.max_state_pages, part.rows, part.width), (stride, part.width, 1),
+                                   part.offset // 4)
+            for name, part in layout.state_parts(layer).items()}
 
 
 def bind_kv_arena(layout: KvLayout, *, poison: bool = False, device: str | torch.device = "cpu") -> KvViews:
-    """Allocate the arena buffer (``layout.arena_bytes``) and the state pool; return every view."""
+    """Allocate the arena buffer (``layout.arena_bytes``); return every view."""
     spec = layout.spec
+    if layout.reserved_state_slots:
+        raise ValueError("the runner binds compressor state as arena pages; a layout with a reserved "
+                         "state pool (reserved_state_slots > 0) is for capacity comparisons only")
     if spec.row_format not in _DTYPES:
         raise ValueError(f"this runner stores rows as {', '.join(_DTYPES)}; the layout uses {spec.row_format!r}")
     dtype = _DTYPES[spec.row_format]
@@ -91,7 +101,6 @@ def bind_kv_arena(layout: KvLayout, *, poison: bool = False, device: str | torch
     fp32.fill_(float("nan") if poison else 0.0)
     flat = buffer.view(dtype)
     swa, comp, index, csa, state, index_state, hca = {}, {}, {}, {}, {}, {}, {}
-    slots = layout.max_live_requests
     for layer, ratio in enumerate(spec.compress_ratios):
         swa[layer] = _rows(flat, layout.swa_rows(layer), elem)
         if ratio == 0:
@@ -100,9 +109,9 @@ def bind_kv_arena(layout: KvLayout, *, poison: bool = False, device: str | torch
         if is_csa(ratio):
             index[layer] = _rows(flat, layout.index_rows(layer), elem)
             csa[layer] = _csa(fp32, layout, layer)
-            state[layer] = _state_pool(slots, CSA_STATE_RING, 2 * spec.head_dim, poison, device)
-            index_state[layer] = _state_pool(slots, CSA_STATE_RING, 2 * spec.index_head_dim, poison, device)
+            parts = _state(fp32, layout, layer)
+            state[layer] = (parts["main_kv"], parts["main_score"])
+            index_state[layer] = (parts["index_kv"], parts["index_score"])
         else:
-            hca[layer] = torch.full((slots, HCA_STATE_ROWS, spec.head_dim), float("nan") if poison else 0.0,
-                                    device=device)
+            hca[layer] = _state(fp32, layout, layer)["hca_acc"]
     return KvViews(layout, buffer, swa, comp, index, csa, state, index_state, hca)

@@ -48,7 +48,7 @@ class ModelRunner:
         self.tables.apply(batch)
         if not batch.seqs:
             return RunnerOutput({})
-        step = build_step_inputs(batch, self.device)
+        step = build_step_inputs(batch, self.tables, self.device)
         logits = self._forward(step)
         sampled, self.last_logits = {}, {}
         for s, item in enumerate(batch.seqs):

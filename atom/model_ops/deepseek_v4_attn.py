@@ -107,12 +107,12 @@ class PagedDeepseekV4Attention:
         self.k.hca_state_update(kv, score, torch.zeros_like(comp.ape), self.views.hca[self.layer], step.slots,
                                 step.cu_seqlens, step.pos_start, pooled)
         m, tok, seq_of, entry_ids = comp.ratio, [], [], []
-        for s, slot in enumerate(step.slots.tolist()):
+        for s, row in enumerate(step.rows.tolist()):
             lo, start = int(step.cu_seqlens[s]), int(step.pos_start[s])
             end = start + int(step.cu_seqlens[s + 1]) - lo
             for i in range(start // m, end // m):  # entries whose last position (i+1)m-1 runs in this chunk
                 tok.append(lo + (i + 1) * m - 1 - start)
-                seq_of.append(slot)
+                seq_of.append(row)
                 entry_ids.append(i)
         if tok:
             entries = torch.stack([comp.finish(pooled[t], i) for t, i in zip(tok, entry_ids)])
@@ -133,12 +133,12 @@ class PagedDeepseekV4Attention:
                   region, which: str) -> None:
         kv, score = rows
         entries, seq_of, entry_ids = [], [], []
-        for s, slot in enumerate(step.slots.tolist()):
+        for s, (slot, row) in enumerate(zip(step.slots.tolist(), step.rows.tolist())):
             lo, hi = int(step.cu_seqlens[s]), int(step.cu_seqlens[s + 1])
             start = int(step.pos_start[s])
             for i, entry in self._entries(comp, kv[lo:hi], score[lo:hi], start, state[0][slot], state[1][slot]):
                 entries.append(entry)
-                seq_of.append(slot)
+                seq_of.append(row)
                 entry_ids.append(i)
         zero_ape = torch.zeros_like(comp.ape)  # the projected score rows already include ape[pos % m]
         self.k.compressor_state_update(kv.contiguous(), score.contiguous(), zero_ape, state[0], state[1],
@@ -147,7 +147,7 @@ class PagedDeepseekV4Attention:
             csa = self.views.csa[self.layer]
             dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
             self.k.csa_boundary_capture(kv.contiguous(), score.contiguous(), zero_ape, dst[0], dst[1],
-                                        tables.swa[step.slots.long()], step.cu_seqlens, step.pos_start,
+                                        tables.swa[step.rows.long()], step.cu_seqlens, step.pos_start,
                                         block_size=self.block_size)
         if entries:
             dev = out_rows.device

@@ -32,19 +32,19 @@ def small_trace() -> tuple[Session, ...]:
 
 def spy_on_evictions(monkeypatch: pytest.MonkeyPatch, check) -> list:
     """Patch the simulator's block-manager builder so every eviction calls ``check(arena, want)``,
-    where ``want`` = the (swa, compress) pages of the make-room call that evicts. Returns the log."""
+    where ``want`` = the (swa, compress, state) pages of the make-room call that evicts. Returns the log."""
     log: list = []
     real = sim.build_block_manager
 
     def build(policy, layout, cfg):
         bm = real(policy, layout, cfg)
-        want: list[tuple[int, int]] = []
+        want: list[tuple[int, int, int]] = []
         make_room = bm._make_room
 
-        def spying_make_room(swa: int, comp: int) -> None:
-            want.append((swa, comp))
+        def spying_make_room(swa: int, comp: int, state: int = 0) -> None:
+            want.append((swa, comp, state))
             try:
-                make_room(swa, comp)
+                make_room(swa, comp, state)
             finally:
                 want.pop()
         bm._make_room = spying_make_room
@@ -74,7 +74,7 @@ def test_the_split_arena_never_lends_a_page_one_pool_frees_to_the_other():
 
 
 def test_a_fixed_split_evicts_only_from_a_pool_that_lacks_pages(monkeypatch):
-    def check(arena: SplitKvArena, owner: str, want: tuple[int, int]) -> bool:
+    def check(arena: SplitKvArena, owner: str, want: tuple[int, int, int]) -> bool:
         need = dict(zip((SWA, COMPRESS), want))[owner]
         return arena.available(owner) < need
     log = spy_on_evictions(monkeypatch, check)
@@ -84,7 +84,7 @@ def test_a_fixed_split_evicts_only_from_a_pool_that_lacks_pages(monkeypatch):
 
 
 def test_the_oracle_never_evicts_while_the_requested_bytes_remain_free(monkeypatch):
-    def check(arena: OracleKvArena, owner: str, want: tuple[int, int]) -> tuple[int, int]:
+    def check(arena: OracleKvArena, owner: str, want: tuple[int, int, int]) -> tuple[int, int]:
         return arena.free_bytes(), arena.bytes_for(*want)
     log = spy_on_evictions(monkeypatch, check)
     res = sim.run_trace(small_trace(), sim.Policy("oracle+retain", "oracle", full_retain=True), SMALL)

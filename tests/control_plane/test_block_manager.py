@@ -62,7 +62,7 @@ def test_cached_blocks_are_evicted_least_recently_released_first_preferring_empt
 
 
 def test_evicted_ids_are_clean_and_the_whole_capacity_can_be_drained_after_eviction():
-    pool = small_pool(2)
+    pool = small_pool(3)  # the smallest arena a request fits: SWA, compressed and state chunk
     n = pool.num_ids
     ids = pool.allocate(n)
     for i, bid in enumerate(ids):

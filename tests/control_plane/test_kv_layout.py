@@ -49,12 +49,46 @@ def test_the_chunk_size_is_chosen_to_pack_compressed_blocks_at_the_target(name, 
     assert lay.swa_packing >= 0.997
 
 
-def test_the_state_pool_is_taken_off_the_budget_before_chunks():
+def test_nothing_is_reserved_per_live_request_the_whole_budget_becomes_chunks():
     spec = real_spec("deepseek_v4_flash")
-    lay = plan(spec, 40 * GIB, 64, 1 << 20)
-    assert lay.state_pool_bytes == 64 * spec.request_state_bytes
-    assert lay.state_pool_bytes + lay.arena_bytes <= 40 * GIB
-    assert 40 * GIB - lay.state_pool_bytes - lay.arena_bytes < lay.chunk_bytes
+    few, many = plan(spec, 40 * GIB, 1, 1 << 20), plan(spec, 40 * GIB, 256, 1 << 20)
+    assert few.num_chunks == many.num_chunks == 40 * GIB // few.chunk_bytes
+    assert few.state_pool_bytes == many.state_pool_bytes == 0
+    assert 40 * GIB - few.arena_bytes < few.chunk_bytes
+
+
+@pytest.mark.parametrize("name,fmt,pages", [("deepseek_v4_flash", "fp8_ds_mla", 6), ("deepseek_v4_pro", "fp8_ds_mla", 8),
+                                            ("deepseek_v4_flash", "bf16", 4), ("deepseek_v4_pro", "bf16", 8)])
+def test_request_state_pages_tile_a_chunk_exactly(name, fmt, pages):
+    spec = real_spec(name, fmt)
+    lay = plan(spec, 40 * GIB, 8, 1 << 20)
+    assert lay.state_pages_per_chunk == pages
+    assert lay.state_page_bytes * pages == lay.chunk_bytes and lay.state_page_bytes % 4 == 0
+    assert lay.state_page_bytes >= spec.request_state_bytes
+    assert lay.max_state_pages == lay.num_chunks * pages
+
+
+@pytest.mark.parametrize("spec", [real_spec("deepseek_v4_flash"), tiny_spec()], ids=["flash-fp8", "tiny-fp32"])
+def test_state_parts_of_a_page_never_overlap_and_fill_exactly_one_request_state(spec):
+    lay = plan(spec, 40 * GIB, 8, 4096)
+    parts = sorted((p.offset, p.offset + p.nbytes, f"L{p.layer} {p.name}")
+                   for layer in spec.compressed_layers for p in lay.state_parts(layer).values())
+    for (a0, a1, an), (b0, b1, bn) in zip(parts, parts[1:]):
+        assert a1 == b0, f"{an} and {bn} are not back to back"
+    assert parts[0][0] == 0 and parts[-1][1] == spec.request_state_bytes <= lay.state_page_bytes
+    with pytest.raises(KeyError, match="keeps no compressor state"):
+        lay.state_parts(0)
+
+
+def test_a_chunk_too_small_for_one_request_state_is_rejected_or_grown():
+    spec = tiny_spec(head_dim=16, index_head_dim=512)  # a CSA ring of 8 wide rows outweighs a 16-row page
+    assert spec.request_state_bytes > plan(spec, 1 << 26, 4, 256, chunk_pages=2).swa_page_bytes
+    limits = SchedulerConfig(max_num_seqs=4, max_model_len=256)
+    grown = plan_kv_layout(spec, CacheConfig(kv_cache_bytes=1 << 26, packing_target=0.01), limits)
+    assert choose_chunk_pages(spec, 0.01, 8) == 1  # packing alone would take 1 page per chunk
+    assert grown.chunk_pages == 2 and grown.state_pages_per_chunk == 1
+    with pytest.raises(ValueError, match="too small for one request's compressor state"):
+        plan(spec, 1 << 26, 4, 256, chunk_pages=1)
 
 
 def byte_ranges(lay):
@@ -129,6 +163,7 @@ def test_a_layout_for_a_chunk_count_is_the_plan_for_its_budget():
     assert lay.num_chunks == 7
     assert plan_kv_layout(tiny_spec(), CacheConfig(kv_cache_bytes=lay.kv_cache_bytes), limits) == lay
     assert plan_kv_layout(tiny_spec(), CacheConfig(kv_cache_bytes=lay.kv_cache_bytes - 1), limits).num_chunks == 6
+    assert lay.kv_cache_bytes == 7 * lay.chunk_bytes
 
 
 def test_a_cache_block_size_other_than_the_specs_is_rejected():

@@ -90,8 +90,9 @@ def test_pins_are_capped_and_the_least_recently_used_pin_is_released(harness):
 
 def test_pins_never_starve_a_request_that_needs_their_memory(harness):
     # every block is a checkpoint and pins may take the whole arena: the request's own pins would
-    # fill the 6 chunks long before its 200 tokens are done, so the oldest pins must give way
-    h = harness(num_chunks=6, budget=64, full_retain=True, interval=16, pin_fraction=1.0)
+    # fill the 7 chunks (one holds its state page) long before its 200 tokens are done, so the
+    # oldest pins must give way
+    h = harness(num_chunks=7, budget=64, full_retain=True, interval=16, pin_fraction=1.0)
     first = run_one(h, list(range(200)), max_tokens=1)
     second = run_one(h, list(range(300, 400)), max_tokens=3)
     assert first.num_output_tokens == 1 and second.num_output_tokens == 3

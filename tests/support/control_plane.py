@@ -53,7 +53,7 @@ class Harness:
         bm = self.bm
         assert not self.sched.running and not self.sched.waiting
         assert bm.comp.num_used() == 0 and bm.swa.pool.num_used() == bm.swa.num_pins
-        assert bm.slots.num_free() == bm.slots.num_slots
+        assert bm.slots.num_held() == 0 and bm.arena.num_used("state") == 0
         bm.reset_prefix_cache()
         assert bm.arena.owned_chunks("compress") == 0
         assert bm.arena.num_used("swa") == bm.swa.num_pins
