@@ -16,7 +16,11 @@ class SamplingParams:
     ``temperature == 0`` is greedy. ``top_k == 0`` and ``top_p == 1`` disable those filters.
     ``seed`` makes sampling reproducible per request. Generation stops at ``max_tokens``, at an
     end-of-sequence token (unless ``ignore_eos``), at any of ``stop_token_ids``, or (text level, in
-    the engine) at any of ``stop`` strings.
+    the engine) at any of ``stop`` strings; ``min_tokens`` forbids the first two until that many
+    tokens were generated. ``logit_bias`` ((token id, bias) pairs), ``repetition_penalty`` (1 = off),
+    ``frequency_penalty`` and ``presence_penalty`` (0 = off) edit the logits
+    (``atom/model_executor/logits_processors.py``). ``logprobs``: None = none, k >= 0 = the sampled
+    token's log-probability and the k most likely alternatives.
     """
 
     max_tokens: int = 16
@@ -27,6 +31,12 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         require_int("max_tokens", self.max_tokens, 1)
@@ -45,6 +55,35 @@ class SamplingParams:
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
             raise ValueError(f"stop_token_ids={self.stop_token_ids!r} must be non-negative integers")
         object.__setattr__(self, "stop_token_ids", ids)
+        self._check_edits()
+
+    def _check_edits(self) -> None:
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or \
+                not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens!r} must be an integer in [0, max_tokens={self.max_tokens}]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name}={value!r} must be a number in [-2, 2]")
+        r = self.repetition_penalty
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 10.0:
+            raise ValueError(f"repetition_penalty={r!r} must be a number in (0, 10] (1 = off)")
+        bias = tuple(self.logit_bias)
+        for pair in bias:
+            if (not isinstance(pair, tuple) or len(pair) != 2 or isinstance(pair[0], bool)
+                    or not isinstance(pair[0], int) or pair[0] < 0 or isinstance(pair[1], bool)
+                    or not isinstance(pair[1], (int, float)) or not -100.0 <= pair[1] <= 100.0):
+                raise ValueError(f"logit_bias={self.logit_bias!r} must map token ids >= 0 to numbers in [-100, 100]")
+        object.__setattr__(self, "logit_bias", bias)
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
+            raise ValueError(f"logprobs={lp!r} must be None or an integer in [0, 20]")
+
+    @property
+    def needs_history(self) -> bool:
+        """The logits edits depend on the request's earlier tokens (penalties, min_tokens)."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+                or self.min_tokens > 0)
 
     @property
     def greedy(self) -> bool:

@@ -93,6 +93,8 @@ class Tokenizer:
         self.bos_token_id = None if bos_token is None else hf_tokenizer.token_to_id(bos_token)
         self.eos_token_id = None if eos_token is None else hf_tokenizer.token_to_id(eos_token)
         self._template: Any = None  # compiled lazily
+        self._byte_level = type(getattr(hf_tokenizer, "decoder", None)).__name__ == "ByteLevel"
+        self._added = {t.content for t in hf_tokenizer.get_added_tokens_decoder().values()}
 
     # ---- loading ------------------------------------------------------------------------------
     @classmethod
@@ -145,6 +147,19 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for (a byte-level token may be part of a character).
+
+        Byte-level vocabularies store each byte as a printable stand-in character (the GPT-2 mapping),
+        which is undone here; other tokens (special tokens, other decoders) are their decoded text.
+        """
+        piece = self._tok.id_to_token(int(token_id))
+        if piece is None:
+            return b""
+        if self._byte_level and all(ch in _UNBYTE for ch in piece) and piece not in self._added:
+            return bytes(_UNBYTE[ch] for ch in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     # ---- chat ---------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
@@ -200,6 +215,9 @@ def _byte_alphabet() -> list[str]:
             shifted[b] = chr(256 + extra)
             extra += 1
     return [shifted[b] for b in range(256)]
+
+
+_UNBYTE = {ch: b for b, ch in enumerate(_byte_alphabet())}
 
 
 def write_builtin_tokenizer(out_dir: str | Path) -> Path:

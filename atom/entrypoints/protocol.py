@@ -66,13 +66,14 @@ class _SamplingFields(_Strict):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM-style extra: keep going past the end-of-sequence token
     user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM-style extra (1 = off)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    min_tokens: int = 0  # vLLM-style extra: no end-of-sequence / stop token before this many tokens
+    stop_token_ids: list[int] | None = None  # vLLM-style extra
     # accepted so that asking for them is a clear 400 naming the parameter, never a silent 200
     best_of: int | None = None
-    logprobs: Any = None
-    top_logprobs: Any = None
-    logit_bias: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
     response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
@@ -81,10 +82,6 @@ class _SamplingFields(_Strict):
 
     def unsupported(self) -> str | None:
         """The first parameter asked for that this server does not implement (None: all fine)."""
-        for name in ("logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if value not in (None, False, 0, 0.0, {}):
-                return name
         if self.best_of is not None and self.best_of != self.n:
             return "best_of"
         if self.response_format not in (None, {"type": "text"}):
@@ -96,6 +93,10 @@ class _SamplingFields(_Strict):
             return "tool_choice"
         return None
 
+    def num_logprobs(self) -> int | None:
+        """None: no log-probabilities; k >= 0: the sampled token's and the k most likely."""
+        raise NotImplementedError
+
 
 class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``. ``prompt`` is text, a list of texts, token ids or lists of ids."""
@@ -103,6 +104,15 @@ class CompletionRequest(_SamplingFields):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: int | None = 16
     echo: bool = False
+    logprobs: int | None = None  # the legacy shape: k alternatives per token (0 = the sampled token only)
+
+    def unsupported(self) -> str | None:
+        if self.echo and self.logprobs is not None:
+            return "logprobs"  # log-probabilities of the echoed prompt are not computed
+        return super().unsupported()
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 class ContentPart(_Strict):
@@ -131,6 +141,13 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     add_generation_prompt: bool = True  # vLLM-style extra
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 from atom.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestGroup
 from atom.entrypoints.metrics import ServerMetrics
 from atom.entrypoints.limits import ServerLimits
+from atom.entrypoints.logprobs_format import chat_logprobs, completion_logprobs
 from atom.entrypoints.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, _SamplingFields, error_body,
                                        usage_dict)
 from atom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from atom.model_engine.request_output import RequestOutput
+    from atom.model_engine.request_output import RequestOutput, TokenLogprobs
 
 __all__ = ["OpenAIServing", "Prepared"]
 
@@ -45,6 +46,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     echo_texts: list[str] = field(default_factory=list)  # completions with echo: prompt text per prompt
+    num_logprobs: int | None = None  # None: no log-probabilities asked for
 
 
 @dataclass
@@ -57,6 +59,8 @@ class _ChoiceState:
     first_token_at: float | None = None
     last_token_at: float | None = None
     error: str | None = None
+    logprobs: list["TokenLogprobs"] = field(default_factory=list)
+    logprob_offset: int = 0  # completions: characters of token strings streamed so far
 
 
 class OpenAIServing:
@@ -144,14 +148,38 @@ class OpenAIServing:
         if req.seed is not None and not 0 <= req.seed <= self.max_seed:
             raise ApiError(400, f"seed={req.seed} must be in [0, {self.max_seed}]", param="seed")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        params = [self._params(req, max_tokens, stop, k) for k in range(req.n)]
+        edits = self._logit_edits(req)
+        params = [self._params(req, max_tokens, stop, k, edits) for k in range(req.n)]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return Prepared(kind, f"{prefix}-{uuid.uuid4().hex}", prompts, params, req.stream, include_usage, echo)
+        return Prepared(kind, f"{prefix}-{uuid.uuid4().hex}", prompts, params, req.stream, include_usage, echo,
+                        req.num_logprobs())
+
+    def _logit_edits(self, req: _SamplingFields) -> dict[str, Any]:
+        """``logit_bias`` / ``stop_token_ids`` as token ids inside the vocabulary, plus the penalties."""
+        vocab = self.tokenizer.vocab_size
+        bias = []
+        for key, value in (req.logit_bias or {}).items():
+            if not key.isdigit() or not int(key) < vocab:
+                raise ApiError(400, f"logit_bias key {key[:40]!r} is not a token id in [0, {vocab})",
+                               param="logit_bias")
+            bias.append((int(key), value))
+        bad = [t for t in req.stop_token_ids or [] if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(400, f"stop_token_ids: {bad[0]} is not a token id in [0, {vocab})", param="stop_token_ids")
+        if getattr(req, "top_logprobs", None) is not None and not getattr(req, "logprobs", False):
+            raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        edits: dict[str, Any] = dict(logit_bias=tuple(bias), stop_token_ids=tuple(req.stop_token_ids or ()),
+                                     min_tokens=req.min_tokens, logprobs=req.num_logprobs())
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if getattr(req, name) is not None:
+                edits[name] = getattr(req, name)
+        return edits
 
     @staticmethod
-    def _params(req: _SamplingFields, max_tokens: int, stop: list[str], k: int) -> SamplingParams:
+    def _params(req: _SamplingFields, max_tokens: int, stop: list[str], k: int,
+                edits: dict[str, Any]) -> SamplingParams:
         fields: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), ignore_eos=req.ignore_eos,
-                                      seed=None if req.seed is None else req.seed + k)
+                                      seed=None if req.seed is None else req.seed + k, **edits)
         for name in ("temperature", "top_p", "top_k"):
             if getattr(req, name) is not None:
                 fields[name] = getattr(req, name)
@@ -207,6 +235,7 @@ class OpenAIServing:
 
     def _update(self, st: _ChoiceState, out: "RequestOutput", now: float, arrival: float) -> None:
         st.text += out.new_text
+        st.logprobs += out.new_logprobs
         st.num_tokens = out.num_output_tokens
         st.cached = out.num_cached_tokens
         if out.new_token_ids:
@@ -237,7 +266,7 @@ class OpenAIServing:
             raise ApiError(503, f"the engine could not serve this request: {failed[0]}", type="server_error",
                            code="engine_capacity")
         render = _render_chat if prep.kind == "chat" else _render_completion
-        choices = [render(i, s, prep) for i, s in enumerate(states)]
+        choices = [render(i, s, prep, self._logprobs(prep, s, s.logprobs)) for i, s in enumerate(states)]
         return {"id": prep.request_id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
                 "created": int(time.time()), "model": self.engine.model_name, "choices": choices,
                 "usage": self._usage(prep, states)}
@@ -263,7 +292,7 @@ class OpenAIServing:
                     break
                 if out.new_token_ids or out.new_text or out.finished:
                     yield _sse(chunk([_stream_choice(prep, i, out.new_text, out.finish_reason if out.finished
-                                                     else None)]))
+                                                     else None, self._logprobs(prep, states[i], out.new_logprobs))]))
             else:
                 if prep.include_usage:
                     yield _sse(chunk([], usage=self._usage(prep, states)))
@@ -272,6 +301,16 @@ class OpenAIServing:
         finally:
             group.abort()
         yield "data: [DONE]\n\n"
+
+
+    def _logprobs(self, prep: Prepared, st: _ChoiceState, entries: list["TokenLogprobs"]) -> dict[str, Any] | None:
+        """The ``logprobs`` object of ``entries`` (None when the request did not ask for them)."""
+        if prep.num_logprobs is None:
+            return None
+        if prep.kind == "chat":
+            return chat_logprobs(self.tokenizer, entries)
+        obj, st.logprob_offset = completion_logprobs(self.tokenizer, entries, prep.num_logprobs, st.logprob_offset)
+        return obj
 
 
 def _sse(obj: dict[str, Any]) -> str:
@@ -291,20 +330,21 @@ def _chunk_maker(prep: Prepared, model: str, created: int) -> Callable[..., dict
     return make
 
 
-def _stream_choice(prep: Prepared, i: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+def _stream_choice(prep: Prepared, i: int, text: str, finish_reason: str | None,
+                   logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     if prep.kind == "chat":
-        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": None,
+        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                 "finish_reason": finish_reason}
-    return {"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def _render_completion(i: int, s: _ChoiceState, prep: Prepared) -> dict[str, Any]:
+def _render_completion(i: int, s: _ChoiceState, prep: Prepared, logprobs: dict[str, Any] | None) -> dict[str, Any]:
     text = (prep.echo_texts[s.prompt_index] if prep.echo_texts else "") + s.text
-    return {"index": i, "text": text, "logprobs": None, "finish_reason": s.finish_reason}
+    return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": s.finish_reason}
 
 
-def _render_chat(i: int, s: _ChoiceState, prep: Prepared) -> dict[str, Any]:
-    return {"index": i, "message": {"role": "assistant", "content": s.text}, "logprobs": None,
+def _render_chat(i: int, s: _ChoiceState, prep: Prepared, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"index": i, "message": {"role": "assistant", "content": s.text}, "logprobs": logprobs,
             "finish_reason": s.finish_reason}
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence as Seq
 
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
 from atom.model_engine.request_text import RequestText
-from atom.model_engine.request_output import EngineStats, RequestOutput
+from atom.model_engine.request_output import EngineStats, RequestOutput, TokenLogprobs
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.sampling_params import SamplingParams
@@ -102,10 +102,10 @@ class LLMEngine:
                 continue
             if res.new_token is not None:
                 self._generation_tokens += 1
-            outputs.append(self._output(req, res.new_token))
+            outputs.append(self._output(req, res.new_token, out.logprobs.get(res.seq.seq_id)))
         return outputs
 
-    def _output(self, req: _Request, new_token: int | None) -> RequestOutput:
+    def _output(self, req: _Request, new_token: int | None, logprobs: TokenLogprobs | None) -> RequestOutput:
         seq = req.seq
         if req.cached == 0 and seq.num_cached_tokens:
             req.cached = seq.num_cached_tokens
@@ -117,7 +117,10 @@ class LLMEngine:
                 self.scheduler.finish_by_stop_string(seq)
         if seq.status.finished:
             self._forget(req)
-        return self._make(req, new_ids, new_text)
+        result = self._make(req, new_ids, new_text)
+        if logprobs is not None:
+            result.new_logprobs.append(logprobs)
+        return result
 
     def _finish_output(self, req: _Request) -> RequestOutput:
         self._forget(req)

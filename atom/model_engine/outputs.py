@@ -9,9 +9,10 @@ to page 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
+from atom.model_engine.request_output import TokenLogprobs
 from atom.sampling_params import SamplingParams
 
 __all__ = ["ScheduledSeq", "TableUpdate", "NewTables", "ScheduledBatch", "RunnerOutput"]
@@ -30,6 +31,9 @@ class ScheduledSeq:
     restore_page: int  # physical SWA page whose CSA boundary state seeds the slot (prefix hit), or -1
     capture_pages: tuple[tuple[int, int], ...]  # (block index, physical SWA page) whose last 4 rows run now
     params: SamplingParams
+    # (prompt ids, output ids) on the first step after admission when the params edit logits from the
+    # history (penalties, min_tokens); None otherwise, so a step's size does not grow with the context
+    history: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -72,6 +76,8 @@ class ScheduledBatch:
 
 @dataclass(frozen=True, slots=True)
 class RunnerOutput:
-    """Sampled token per request that had ``sample=True`` (and optional per-step logits for tests)."""
+    """Sampled token per request that had ``sample=True``, and the log-probabilities of those whose
+    params asked for them (``SamplingParams.logprobs``)."""
 
     sampled: Mapping[int, int]
+    logprobs: Mapping[int, TokenLogprobs] = field(default_factory=dict)

@@ -6,7 +6,16 @@ from dataclasses import dataclass, field
 
 from atom.model_engine.sequence import PrefixStats
 
-__all__ = ["RequestOutput", "EngineStats"]
+__all__ = ["RequestOutput", "EngineStats", "TokenLogprobs"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """Log-probability of a sampled token and the ``top`` most likely (id, logprob), best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -30,6 +39,7 @@ class RequestOutput:
     stats: PrefixStats = field(default_factory=PrefixStats)
     error: str | None = None
     num_output_tokens: int = 0
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of new_token_ids, when asked for
 
 
 @dataclass

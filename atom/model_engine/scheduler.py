@@ -174,8 +174,11 @@ class Scheduler:
         start, b = seq.num_computed_tokens, self.block_size
         capture = tuple((j, seq.swa_pages[j]) for j in range(start // b, (start + n - 1) // b + 1)
                         if (j + 1) * b - CSA_OVERLAP_ROWS < start + n and (j + 1) * b - 1 >= start)
+        history = None
+        if seq.state_fresh and seq.params.needs_history:  # once per admission: the sampler's penalty state
+            history = (tuple(seq.token_ids[: seq.num_prompt_tokens]), tuple(seq.output_token_ids))
         return ScheduledSeq(seq.seq_id, start, tuple(seq.token_ids[start:start + n]), start + n == len(seq),
-                            seq.state_slot, seq.state_fresh, seq.restore_page, capture, seq.params)
+                            seq.state_slot, seq.state_fresh, seq.restore_page, capture, seq.params, history)
 
     # ---- after the runner ---------------------------------------------------------------------
     def postprocess(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:

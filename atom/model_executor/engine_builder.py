@@ -48,6 +48,7 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     max_model_len = config.scheduler.max_model_len
     runner = ModelRunner(model, layout, max_model_len=max_model_len, seed=config.model.seed,
                          poison=env.debug_nan_arena if poison is None else poison,
-                         kernel_backend=kernel_backend, keep_logits=keep_logits)
+                         kernel_backend=kernel_backend, keep_logits=keep_logits,
+                         eos_token_id=tokenizer.eos_token_id)
     name = config.model.served_model_name or (model_dir.name if path else "atom-tiny-dsv4")
     return LLMEngine(scheduler, runner, tokenizer, model_name=name, max_model_len=max_model_len)

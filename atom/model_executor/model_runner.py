@@ -31,7 +31,8 @@ class ModelRunner:
     """
 
     def __init__(self, model: DeepseekV4Model, layout: KvLayout, *, max_model_len: int, seed: int = 0,
-                 poison: bool = False, kernel_backend: str | None = None, keep_logits: bool = False) -> None:
+                 poison: bool = False, kernel_backend: str | None = None, keep_logits: bool = False,
+                 eos_token_id: int | None = None) -> None:
         self.model = model.eval()
         self.device = model.embed.weight.device
         self.views = bind_kv_arena(layout, poison=poison, device=self.device)
@@ -39,25 +40,33 @@ class ModelRunner:
         max_blocks = -(-max_model_len // layout.spec.block_size)
         self.tables = PageTables(layout.max_live_requests, max_blocks, device=self.device)
         self.attn = [PagedDeepseekV4Attention(block.attn, self.views, self.kernels) for block in model.layers]
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(seed, eos_token_id)
         self.keep_logits = keep_logits
         self.last_logits: dict[int, torch.Tensor] = {}
 
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         self.tables.apply(batch)
+        self.sampler.release(batch.released_ids)
         if not batch.seqs:
             return RunnerOutput({})
         step = build_step_inputs(batch, self.tables, self.device)
         logits = self._forward(step)
-        sampled, self.last_logits = {}, {}
+        sampled, logprobs, self.last_logits = {}, {}, {}
         for s, item in enumerate(batch.seqs):
             lo, hi = int(step.cu_seqlens[s]), int(step.cu_seqlens[s + 1])
             if self.keep_logits:
                 self.last_logits[item.seq_id] = logits[lo:hi].clone()
+            if item.history is not None:
+                self.sampler.begin(item.seq_id, *item.history, logits.shape[-1], logits.device)
             if item.sample:
-                sampled[item.seq_id] = self.sampler.sample(logits[hi - 1], item.params, item.start_pos + item.num_tokens)
-        return RunnerOutput(sampled)
+                row = logits[hi - 1]
+                token = self.sampler.sample(row, item.params, item.start_pos + item.num_tokens, item.seq_id)
+                sampled[item.seq_id] = token
+                lp = self.sampler.logprobs(row, item.params, token)
+                if lp is not None:
+                    logprobs[item.seq_id] = lp
+        return RunnerOutput(sampled, logprobs)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         model, rw = self.model, self.model.cfg.batch_invariant

@@ -4,27 +4,71 @@ A request with a ``seed`` draws each token from a generator seeded by ``(seed, p
 same seed gives the same tokens whatever else runs in the batch, and a request preempted and
 recomputed continues exactly as if it had never been interrupted. Requests without a seed share the
 engine's generator.
+
+Before sampling, the request's logits edits (``logit_bias``, repetition / frequency / presence
+penalties, ``min_tokens``) are applied by :mod:`logits_processors`, which also computes the
+log-probabilities a request asks for; the per-request history those need lives here, keyed by
+sequence id, until the request is released.
 """
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 
+from atom.model_engine.request_output import TokenLogprobs
+from atom.model_executor.logits_processors import SequenceHistory, apply_logits_processors, token_logprobs
 from atom.sampling_params import SamplingParams
 
 __all__ = ["Sampler"]
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
-        self._shared = torch.Generator().manual_seed(seed)
+    """``eos_token_id``: the token ``min_tokens`` forbids (with ``stop_token_ids``) until reached."""
 
-    def sample(self, logits: torch.Tensor, params: SamplingParams, position: int) -> int:
-        """One token from fp32 ``logits [vocab]`` for the token at ``position`` of its request."""
+    def __init__(self, seed: int = 0, eos_token_id: int | None = None) -> None:
+        self._shared = torch.Generator().manual_seed(seed)
+        self._eos = eos_token_id
+        self._history: dict[int, SequenceHistory] = {}
+
+    # ---- per-request history ------------------------------------------------------------------
+    def begin(self, seq_id: int, prompt: tuple[int, ...], output: tuple[int, ...], vocab: int,
+              device: torch.device) -> None:
+        """A request (re)admitted with penalties or min_tokens: its history from its ids so far."""
+        self._history[seq_id] = SequenceHistory.of(prompt, output, vocab, device)
+
+    def release(self, seq_ids: Iterable[int]) -> None:
+        for sid in seq_ids:
+            self._history.pop(sid, None)
+
+    # ---- sampling -----------------------------------------------------------------------------
+    def sample(self, logits: torch.Tensor, params: SamplingParams, position: int, seq_id: int | None = None) -> int:
+        """One token from ``logits [vocab]`` for the token at ``position`` of its request ``seq_id``
+        (whose history, if :meth:`begin` set one, the penalties read and this token extends)."""
+        history = self._history.get(seq_id) if seq_id is not None else None
+        edited = apply_logits_processors(logits, params, history, self._banned(params))
         if params.greedy:
-            return int(torch.argmax(logits))
-        probs = self._filtered_probs(logits.float() / params.temperature, params)
-        return int(torch.multinomial(probs, 1, generator=self._generator(params, position)))
+            token = int(torch.argmax(edited))
+        else:
+            probs = self._filtered_probs(edited / params.temperature, params)
+            token = int(torch.multinomial(probs, 1, generator=self._generator(params, position)))
+        if history is not None:
+            history.generated(token)
+        return token
+
+    @staticmethod
+    def logprobs(logits: torch.Tensor, params: SamplingParams, token: int) -> TokenLogprobs | None:
+        """The log-probabilities ``params.logprobs`` asks for (None when it does not)."""
+        if params.logprobs is None:
+            return None
+        chosen, top = token_logprobs(logits, token, params.logprobs)
+        return TokenLogprobs(token, chosen, top)
+
+    def _banned(self, params: SamplingParams) -> tuple[int, ...]:
+        if params.min_tokens <= 0:
+            return ()
+        return tuple(params.stop_token_ids) + (() if self._eos is None else (self._eos,))
 
     def _generator(self, params: SamplingParams, position: int) -> torch.Generator:
         if params.seed is None:
