@@ -37,6 +37,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     logprobs: int | None = None
+    skip_special_tokens: bool = True  # leave special tokens out of the text (chat markers need them in)
 
     def __post_init__(self) -> None:
         require_int("max_tokens", self.max_tokens, 1)

@@ -16,7 +16,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ApiError", "StreamOptions", "ChatMessage", "CompletionRequest", "ChatCompletionRequest",
+__all__ = ["ApiError", "StreamOptions", "ChatMessage", "CompletionRequest", "ChatCompletionRequest", "ToolSpec",
            "usage_dict", "error_body"]
 
 
@@ -120,10 +120,39 @@ class ContentPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = "{}"  # a JSON object, as a string (OpenAI's shape)
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionSpec(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(_Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class ThinkingOption(_Strict):
+    type: Literal["enabled", "disabled"]
+
+
 class ChatMessage(_Strict):
     role: str
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
+    reasoning_content: str | None = None  # an earlier assistant turn's reasoning (DeepSeek's field)
+    tool_calls: list[ToolCall] | None = None  # an earlier assistant turn's calls
+    tool_call_id: str | None = None  # role "tool": the call this result answers
 
     def text(self) -> str:
         """The content as one string (text parts joined)."""
@@ -143,6 +172,33 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True  # vLLM-style extra
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[ToolSpec] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM-style: {"thinking": bool}
+    thinking: Union[bool, ThinkingOption, None] = None  # DeepSeek API style: {"type": "enabled"}
+
+    def unsupported(self) -> str | None:
+        if self.tool_choice not in (None, "none", "auto"):
+            return "tool_choice"  # forcing a call ("required", a named function) is not implemented
+        if self.response_format not in (None, {"type": "text"}):
+            return "response_format"
+        for name in ("functions", "suffix"):
+            if getattr(self, name):
+                return name
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of"
+        return None
+
+    def thinking_mode(self) -> bool | None:
+        """Thinking on / off as asked (``chat_template_kwargs`` first, then ``thinking``); None: not asked."""
+        kwargs = self.chat_template_kwargs or {}
+        for key in ("thinking", "enable_thinking"):
+            if key in kwargs:
+                if not isinstance(kwargs[key], bool):
+                    raise ValueError(f"chat_template_kwargs.{key} must be true or false")
+                return kwargs[key]
+        if isinstance(self.thinking, ThinkingOption):
+            return self.thinking.type == "enabled"
+        return self.thinking
 
     def num_logprobs(self) -> int | None:
         if not self.logprobs:

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from atom.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestGroup
 from atom.entrypoints.metrics import ServerMetrics
+from atom.entrypoints.chat_output import ChatDelta, ChatOutputParser
+from atom.entrypoints.chat_prompt import ChatFormat, prompt_chars, render_chat_prompt
 from atom.entrypoints.limits import ServerLimits
 from atom.entrypoints.logprobs_format import chat_logprobs, completion_logprobs
 from atom.entrypoints.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, _SamplingFields, error_body,
@@ -47,6 +49,7 @@ class Prepared:
     include_usage: bool
     echo_texts: list[str] = field(default_factory=list)  # completions with echo: prompt text per prompt
     num_logprobs: int | None = None  # None: no log-probabilities asked for
+    chat_format: ChatFormat | None = None  # a DeepSeek-V4-encoded chat: split the answer (chat_output)
 
 
 @dataclass
@@ -61,6 +64,30 @@ class _ChoiceState:
     error: str | None = None
     logprobs: list["TokenLogprobs"] = field(default_factory=list)
     logprob_offset: int = 0  # completions: characters of token strings streamed so far
+    parser: ChatOutputParser | None = None  # DeepSeek-V4 chats: reasoning / content / tool calls
+    num_tool_calls: int = 0
+
+    def chat_delta(self, text: str, finished: bool) -> dict[str, Any]:
+        """The chat ``delta`` (or message fields) for ``text``, split when the request asked for it."""
+        if self.parser is None:
+            return {"content": text} if text else {}
+        parts = self.parser.feed(text)
+        if finished:
+            rest = self.parser.finish()
+            parts = ChatDelta(parts.reasoning + rest.reasoning, parts.content + rest.content,
+                              parts.tool_calls + rest.tool_calls)
+        self.num_tool_calls += len(parts.tool_calls)
+        delta: dict[str, Any] = {}
+        if parts.reasoning:
+            delta["reasoning_content"] = parts.reasoning
+        if parts.content:
+            delta["content"] = parts.content
+        if parts.tool_calls:
+            delta["tool_calls"] = parts.tool_calls
+        return delta
+
+    def chat_finish_reason(self) -> str | None:
+        return "tool_calls" if self.num_tool_calls and self.finish_reason == "stop" else self.finish_reason
 
 
 class OpenAIServing:
@@ -106,10 +133,9 @@ class OpenAIServing:
 
     def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
         self.check_model(req.model)
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        self._check_chars(sum(len(m["content"]) for m in messages), "messages")
+        self._check_chars(prompt_chars(req), "messages")
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+            text, chat_format = render_chat_prompt(self.tokenizer, req)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="messages") from None
         try:
@@ -123,7 +149,7 @@ class OpenAIServing:
             self._check_length(len(ids), 1, "messages", req.max_tokens_param)
             max_tokens = self.engine.max_model_len - len(ids)
         self._check_length(len(ids), max_tokens, "messages", req.max_tokens_param)
-        return self._prepared("chat", "chatcmpl", req, [ids], max_tokens, [])
+        return self._prepared("chat", "chatcmpl", req, [ids], max_tokens, [], chat_format)
 
     def _check_chars(self, num_chars: int, param: str) -> None:
         """Before tokenizing or templating: the text must fit ``max_prompt_chars``."""
@@ -132,7 +158,7 @@ class OpenAIServing:
                                 f"{self.limits.max_prompt_chars}", param=param, code="context_length_exceeded")
 
     def _prepared(self, kind: str, prefix: str, req: _SamplingFields, prompts: list[list[int]],
-                  max_tokens: int, echo: list[str]) -> Prepared:
+                  max_tokens: int, echo: list[str], chat_format: ChatFormat | None = None) -> Prepared:
         lim = self.limits
         bad = req.unsupported()
         if bad is not None:
@@ -149,10 +175,11 @@ class OpenAIServing:
             raise ApiError(400, f"seed={req.seed} must be in [0, {self.max_seed}]", param="seed")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         edits = self._logit_edits(req)
+        edits["skip_special_tokens"] = chat_format is None  # the DeepSeek-V4 markers must stay in the text
         params = [self._params(req, max_tokens, stop, k, edits) for k in range(req.n)]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return Prepared(kind, f"{prefix}-{uuid.uuid4().hex}", prompts, params, req.stream, include_usage, echo,
-                        req.num_logprobs())
+                        req.num_logprobs(), chat_format)
 
     def _logit_edits(self, req: _SamplingFields) -> dict[str, Any]:
         """``logit_bias`` / ``stop_token_ids`` as token ids inside the vocabulary, plus the penalties."""
@@ -216,7 +243,10 @@ class OpenAIServing:
         group = self.engine.group()
         index: dict[str, int] = {}
         n = len(prep.params)
-        states = [_ChoiceState(prompt_index=i // n) for i in range(len(prep.prompts) * n)]
+        fmt = prep.chat_format
+        states = [_ChoiceState(prompt_index=i // n,
+                               parser=None if fmt is None else ChatOutputParser(fmt.thinking, fmt.tools))
+                  for i in range(len(prep.prompts) * n)]
         try:
             for i in range(len(states)):
                 rid = f"{prep.request_id}-{i}"
@@ -281,7 +311,7 @@ class OpenAIServing:
                 yield _sse(chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                    "finish_reason": None} for i in range(len(states))]))
             elif prep.echo_texts:
-                yield _sse(chunk([_stream_choice(prep, i, prep.echo_texts[s.prompt_index], None)
+                yield _sse(chunk([_stream_choice(prep, s, i, prep.echo_texts[s.prompt_index], False)
                                   for i, s in enumerate(states)]))
             async for out in group.outputs():
                 i = index[out.request_id]
@@ -291,8 +321,8 @@ class OpenAIServing:
                                           None, "engine_capacity"))
                     break
                 if out.new_token_ids or out.new_text or out.finished:
-                    yield _sse(chunk([_stream_choice(prep, i, out.new_text, out.finish_reason if out.finished
-                                                     else None, self._logprobs(prep, states[i], out.new_logprobs))]))
+                    yield _sse(chunk([_stream_choice(prep, states[i], i, out.new_text, out.finished,
+                                                     self._logprobs(prep, states[i], out.new_logprobs))]))
             else:
                 if prep.include_usage:
                     yield _sse(chunk([], usage=self._usage(prep, states)))
@@ -330,12 +360,12 @@ def _chunk_maker(prep: Prepared, model: str, created: int) -> Callable[..., dict
     return make
 
 
-def _stream_choice(prep: Prepared, i: int, text: str, finish_reason: str | None,
+def _stream_choice(prep: Prepared, st: _ChoiceState, i: int, text: str, finished: bool,
                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     if prep.kind == "chat":
-        return {"index": i, "delta": {"content": text} if text else {}, "logprobs": logprobs,
-                "finish_reason": finish_reason}
-    return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": i, "delta": st.chat_delta(text, finished), "logprobs": logprobs,
+                "finish_reason": st.chat_finish_reason() if finished else None}
+    return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": st.finish_reason if finished else None}
 
 
 def _render_completion(i: int, s: _ChoiceState, prep: Prepared, logprobs: dict[str, Any] | None) -> dict[str, Any]:
@@ -344,8 +374,14 @@ def _render_completion(i: int, s: _ChoiceState, prep: Prepared, logprobs: dict[s
 
 
 def _render_chat(i: int, s: _ChoiceState, prep: Prepared, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-    return {"index": i, "message": {"role": "assistant", "content": s.text}, "logprobs": logprobs,
-            "finish_reason": s.finish_reason}
+    message: dict[str, Any] = {"role": "assistant", "content": s.text}
+    if s.parser is not None:
+        parts = s.chat_delta(s.text, finished=True)
+        message = {"role": "assistant", "content": parts.get("content", "" if "tool_calls" not in parts else None),
+                   "reasoning_content": parts.get("reasoning_content", "" if prep.chat_format.thinking else None)}
+        if "tool_calls" in parts:
+            message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in parts["tool_calls"]]
+    return {"index": i, "message": message, "logprobs": logprobs, "finish_reason": s.chat_finish_reason()}
 
 
 async def wait_for_disconnect(receive: Callable[[], Any]) -> None:

@@ -11,6 +11,7 @@ real one (importing torch). Not thread-safe: one thread drives it (the server ru
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import TYPE_CHECKING, Protocol, Sequence as Seq
 
@@ -72,7 +73,8 @@ class LLMEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         seq = Sequence(ids, params, self.scheduler.block_size)
         self.scheduler.add(seq)
-        text = None if self.tokenizer is None else RequestText(self.tokenizer.decode, params.stop)
+        text = None if self.tokenizer is None else RequestText(
+            functools.partial(self.tokenizer.decode, skip_special_tokens=params.skip_special_tokens), params.stop)
         req = _Request(rid, seq, text)
         self._requests[rid] = req
         self._by_seq[seq.seq_id] = req
@@ -112,7 +114,8 @@ class LLMEngine:
         new_ids = [new_token] if new_token is not None else []
         new_text = ""
         if req.text is not None:
-            new_text, stopped = req.text.advance(new_token, seq.status.finished)
+            new_text, stopped = req.text.advance(None if self._is_stop_token(seq, new_token) else new_token,
+                                                 seq.status.finished)
             if stopped:
                 self.scheduler.finish_by_stop_string(seq)
         if seq.status.finished:
@@ -121,6 +124,13 @@ class LLMEngine:
         if logprobs is not None:
             result.new_logprobs.append(logprobs)
         return result
+
+    def _is_stop_token(self, seq: Sequence, token: int | None) -> bool:
+        """The token that ended the request (end-of-sequence or a stop token id) is not part of the text."""
+        if token is None or seq.status is not SequenceStatus.FINISHED_STOPPED:
+            return False
+        p = seq.params
+        return token in p.stop_token_ids or (token == self.scheduler.eos_token_id and not p.ignore_eos)
 
     def _finish_output(self, req: _Request) -> RequestOutput:
         self._forget(req)

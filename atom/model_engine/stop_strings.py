@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 
-__all__ = ["StopAutomaton", "StopScanner", "automaton_for"]
+__all__ = ["StopAutomaton", "StopScanner", "MarkerSplitter", "automaton_for"]
 
 
 class StopAutomaton:
@@ -114,5 +114,39 @@ class StopScanner:
 
     def flush(self) -> str:
         """The output ended without a stop: release the held text."""
+        held, self._held, self._state = self._held, "", 0
+        return held
+
+
+class MarkerSplitter:
+    """Splits a text stream at marker strings, holding back a possible marker start like StopScanner.
+
+    :meth:`feed` returns ``[(text, marker), ...]``: each piece of decided text followed by the marker
+    that ended it, the last piece with ``None`` (text released, no marker yet). Used to split a chat
+    answer into reasoning, content and tool-call blocks while it streams.
+    """
+
+    __slots__ = ("_auto", "_state", "_held")
+
+    def __init__(self, markers: tuple[str, ...]) -> None:
+        self._auto = automaton_for(markers)
+        self._state = 0
+        self._held = ""
+
+    def feed(self, text: str) -> list[tuple[str, str | None]]:
+        auto, state = self._auto, self._state
+        buf, base, start, out = self._held + text, len(self._held), 0, []
+        for i, ch in enumerate(text):
+            state = auto.step(state, ch)
+            if auto.match[state]:
+                end = base + i + 1
+                out.append((buf[start:end - auto.match[state]], buf[end - auto.match[state]:end]))
+                start, state = end, 0
+        keep = min(auto.depth[state], len(buf) - start)
+        out.append((buf[start:len(buf) - keep], None))
+        self._state, self._held = state, buf[len(buf) - keep:]
+        return out
+
+    def flush(self) -> str:
         held, self._held, self._state = self._held, "", 0
         return held

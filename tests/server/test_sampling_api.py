@@ -73,6 +73,7 @@ def test_min_tokens_holds_off_the_end_of_sequence_token_and_stop_token_ids_end_e
     r = c.completions.create(prompt="end", max_tokens=10, logit_bias={str(B): 100},
                              extra_body={"stop_token_ids": [B], "ignore_eos": True}, **GREEDY)
     assert r.usage.completion_tokens == 1 and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == ""  # the token that stopped the request is not part of the text
 
 
 def test_the_same_seed_with_penalties_gives_the_same_text(server):
