@@ -252,6 +252,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt token ids are drawn from [LOW, HIGH) (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=d.timeout_s, help="per-request timeout in s")
     parser.add_argument("--output-json", default=None, metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--scenario", choices=("load", "stall"), default="load",
+                        help="load: the throughput / latency run above; stall: huge requests against a streaming "
+                             "client and /health (atom/entrypoints/stall_bench.py) (default: %(default)s)")
+    parser.add_argument("--stall-scale", type=float, default=1.0,
+                        help="stall scenario: payload sizes times this, in (0, 1] (default: %(default)s)")
 
 
 def bench_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -263,6 +268,8 @@ def bench_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                           api_key=args.api_key, token_low=low, token_high=high, timeout_s=args.timeout)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.scenario == "stall":
+        return _stall_from_args(parser, args, cfg)
     try:
         report = asyncio.run(run_bench(cfg))
     except ValueError as exc:
@@ -273,3 +280,27 @@ def bench_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         with open(args.output_json, "w", encoding="utf-8") as f:
             json.dump(report.to_dict(), f, indent=2, default=str)
     return 0 if report.failed == 0 else 1
+
+
+def _stall_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg: BenchConfig) -> int:
+    from atom.entrypoints.stall_bench import format_stall, run_stall_bench
+
+    if not 0 < args.stall_scale <= 1:
+        parser.error(f"--stall-scale {args.stall_scale} must be in (0, 1]")
+
+    async def run() -> tuple:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        async with httpx.AsyncClient(timeout=cfg.timeout_s, trust_env=False) as client:
+            model = cfg.model or await _first_model(client, cfg.base_url.rstrip("/"), headers)
+        return await run_stall_bench(cfg.base_url.rstrip("/"), model, scale=args.stall_scale,
+                                     output_len=cfg.output_len, api_key=cfg.api_key, timeout=cfg.timeout_s)
+
+    try:
+        idle, results = asyncio.run(run())
+    except ValueError as exc:
+        print(f"atom bench serve: error: {exc}", file=sys.stderr)
+        return 1
+    print(format_stall(idle, results, args.stall_scale))
+    return 0

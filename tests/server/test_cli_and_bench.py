@@ -127,3 +127,14 @@ def test_the_readme_run_command_serves_one_request_and_stops_cleanly(model_dir):
             proc.kill()
             raise
     assert proc.returncode == 0, proc.stderr.read()
+
+
+def test_the_stall_scenario_reports_every_attack_with_its_status_and_ratios(server):
+    from atom.entrypoints.stall_bench import ATTACKS, format_stall, run_stall_bench
+
+    idle, results = asyncio.run(run_stall_bench(server.url, BUILTIN_MODEL_NAME, scale=0.01, output_len=8))
+    assert idle > 0 and [r.attack for r in results] == list(ATTACKS)
+    assert all(r.status in (200, 400, 413) for r in results)  # answered (at this scale some fit), never a 5xx
+    assert results[0].status == 400 and results[-1].status == 400  # over the char limit; over max_model_len
+    assert all(r.median_gap_ratio > 0 and r.health_max_ms > 0 for r in results)
+    assert format_stall(idle, results, 0.01).count("\n") == len(ATTACKS) + 1

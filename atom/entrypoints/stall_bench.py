@@ -1,0 +1,138 @@
+"""``atom bench serve --scenario stall``: does one client's huge request stall everyone else?
+
+A *victim* streams a completion (token-id prompt, ``output_len`` tokens, greedy) while a prober asks
+``/health`` every 50 ms. First the victim runs alone (the idle baseline); then, for each attack, a new
+victim starts streaming and the attack is sent once its first token arrived. Attacks (sizes times
+``scale``; 1.0 is the full size):
+
+=================  ==========================================================================
+text-4MB           one completions request with a 4 MB text prompt
+chat-4MB           one chat request with a 4 MB message
+prompts-256x16KB   one completions request with 256 text prompts of 16 KB
+stops-400k-n64     one request with 400,000 stop strings and ``n=64``
+token-ids          one request with as many token ids as fit in the body limit
+=================  ==========================================================================
+
+Printed per attack: the status it got, the victim's median and worst inter-token gap during the
+attack as ratios to its idle median, and the worst ``/health`` latency. The target is "median gap
+ratio under 2 and /health under 100 ms". It is a benchmark (it prints figures), not a test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["StallResult", "run_stall_bench", "ATTACKS"]
+
+
+def _text_prompt(scale: float, model: str) -> dict[str, Any]:
+    return {"model": model, "prompt": "x" * int(4_000_000 * scale), "max_tokens": 1}
+
+
+def _chat_message(scale: float, model: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "y" * int(4_000_000 * scale)}], "max_tokens": 1}
+
+
+def _many_prompts(scale: float, model: str) -> dict[str, Any]:
+    return {"model": model, "prompt": ["z" * int(16_000 * scale)] * 256, "max_tokens": 1}
+
+
+def _many_stops(scale: float, model: str) -> dict[str, Any]:
+    return {"model": model, "prompt": "stop", "max_tokens": 4, "n": 64,
+            "stop": [f"s{i}" for i in range(int(400_000 * scale))]}
+
+
+def _token_ids(scale: float, model: str) -> dict[str, Any]:
+    return {"model": model, "prompt": [65] * int(1_300_000 * scale), "max_tokens": 1}
+
+
+ATTACKS: dict[str, Callable[[float, str], dict[str, Any]]] = {
+    "text-4MB": _text_prompt, "chat-4MB": _chat_message, "prompts-256x16KB": _many_prompts,
+    "stops-400k-n64": _many_stops, "token-ids": _token_ids}
+
+
+@dataclass(frozen=True)
+class StallResult:
+    attack: str
+    status: int
+    body_bytes: int
+    median_gap_ratio: float
+    max_gap_ratio: float
+    health_max_ms: float
+
+    def line(self) -> str:
+        return (f"{self.attack:<18} {self.status:>6} {self.body_bytes / 1e6:>8.2f} {self.median_gap_ratio:>10.2f} "
+                f"{self.max_gap_ratio:>9.2f} {self.health_max_ms:>11.1f}")
+
+
+async def _victim(client: Any, base: str, model: str, output_len: int, headers: dict, first: asyncio.Event,
+                  stamps: list[float]) -> None:
+    body = {"model": model, "prompt": [66] * 16, "max_tokens": output_len, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    async with client.stream("POST", f"{base}/v1/completions", json=body, headers=headers) as resp:
+        async for line in resp.aiter_lines():
+            if line.startswith("data: {"):
+                stamps.append(time.perf_counter())
+                first.set()
+
+
+async def _prober(client: Any, base: str, stop: asyncio.Event, latencies: list[float]) -> None:
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        await client.get(f"{base}/health")
+        latencies.append(time.perf_counter() - t0)
+        await asyncio.sleep(0.05)
+
+
+def _gaps(stamps: list[float], lo: float = -1.0, hi: float = float("inf")) -> list[float]:
+    return [b - a for a, b in zip(stamps, stamps[1:]) if b >= lo and a <= hi]
+
+
+async def _round(client: Any, base: str, model: str, output_len: int, headers: dict,
+                 attack: dict[str, Any] | None) -> tuple[list[float], list[float], int, float, float]:
+    stamps, latencies, first, stop = [], [], asyncio.Event(), asyncio.Event()
+    victim = asyncio.ensure_future(_victim(client, base, model, output_len, headers, first, stamps))
+    prober = asyncio.ensure_future(_prober(client, base, stop, latencies))
+    await first.wait()
+    status, start = 0, time.perf_counter()
+    if attack is not None:
+        path = "/v1/chat/completions" if "messages" in attack else "/v1/completions"
+        payload = json.dumps(attack).encode()
+        resp = await client.post(f"{base}{path}", content=payload, headers={**headers, "content-type":
+                                                                             "application/json"})
+        status = resp.status_code
+    end = time.perf_counter()
+    await victim
+    stop.set()
+    await prober
+    return stamps, latencies, status, start, end
+
+
+async def run_stall_bench(base: str, model: str, *, scale: float = 1.0, output_len: int = 64,
+                          api_key: str | None = None, timeout: float = 300.0) -> tuple[float, list[StallResult]]:
+    """``(idle median inter-token gap in s, one result per attack)``."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=16), trust_env=False) as client:
+        stamps, _, _, _, _ = await _round(client, base, model, output_len, headers, None)
+        idle = statistics.median(_gaps(stamps))
+        results = []
+        for name, make in ATTACKS.items():
+            attack = make(scale, model)
+            stamps, latencies, status, start, end = await _round(client, base, model, output_len, headers, attack)
+            during = _gaps(stamps, start, max(end, start + 4 * idle)) or _gaps(stamps)
+            results.append(StallResult(name, status, len(json.dumps(attack)), statistics.median(during) / idle,
+                                       max(during) / idle, 1000 * max(latencies)))
+    return idle, results
+
+
+def format_stall(idle: float, results: list[StallResult], scale: float) -> str:
+    head = (f"stall scenario (sizes x {scale:g}); victim idle median inter-token gap {1000 * idle:.1f} ms\n"
+            f"{'attack':<18} {'status':>6} {'body MB':>8} {'median gap':>10} {'max gap':>9} {'health ms':>11}")
+    return "\n".join([head, *(r.line() for r in results)])
