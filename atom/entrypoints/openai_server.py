@@ -192,7 +192,7 @@ def build_app(engine: AsyncEngine, *, api_key: str | None = None, limits: Server
         return _error_response(500, f"internal error: {type(exc).__name__}", code="internal_error")
 
     def parse_and_prepare(raw: bytes, prep_fn: Callable[[Any], Any], body_model: type[BaseModel]) -> Any:
-        return prep_fn(parse_body(raw, body_model, limits))  # on a parse thread: may take a while
+        return prep_fn(parse_body(raw, body_model, limits, engine.max_model_len))  # on a parse thread
 
     async def respond(request: Request, prep_fn: Callable[[Any], Any], body_model: type[BaseModel]) -> Response:
         arrival = time.perf_counter()

@@ -21,10 +21,15 @@ from atom.entrypoints.protocol import ApiError
 __all__ = ["parse_body", "check_unicode"]
 
 
-def parse_body(raw: bytes, model: type[BaseModel], limits: ServerLimits) -> Any:
-    """Decode, size-check and validate ``raw`` as ``model``; raises :class:`ApiError` (400)."""
+def parse_body(raw: bytes, model: type[BaseModel], limits: ServerLimits, max_model_len: int | None = None) -> Any:
+    """Decode, size-check and validate ``raw`` as ``model``; raises :class:`ApiError` (400).
+
+    ``max_model_len``: token-id prompts longer than this are refused before validation (validating a
+    list of a million integers holds the interpreter lock long enough to delay other clients)."""
     data = _decode(raw)
     _check_sizes(data, limits)
+    if max_model_len is not None:
+        _check_token_ids(data.get("prompt"), max_model_len)
     check_unicode(data)
     try:
         return model.model_validate(data)
@@ -63,6 +68,16 @@ def _check_sizes(data: dict[str, Any], lim: ServerLimits) -> None:
         value = data.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= lim.max_n:
             raise ApiError(400, f"{name}={value} must be between 1 and {lim.max_n}", param=name)
+
+
+def _check_token_ids(prompt: Any, max_model_len: int) -> None:
+    if not isinstance(prompt, list) or not prompt or isinstance(prompt[0], str):
+        return
+    lengths = [len(p) for p in prompt if isinstance(p, list)] if isinstance(prompt[0], list) else [len(prompt)]
+    if lengths and max(lengths) >= max_model_len:
+        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+                            f"{max(lengths)} tokens (at most {max_model_len - 1} leave room for one output token).",
+                       param="prompt", code="context_length_exceeded")
 
 
 def _at_most(value: Any, limit: int, param: str, what: str, nested: bool = False) -> None:

@@ -93,19 +93,27 @@ def _gaps(stamps: list[float], lo: float = -1.0, hi: float = float("inf")) -> li
     return [b - a for a, b in zip(stamps, stamps[1:]) if b >= lo and a <= hi]
 
 
+def _send_attack(base: str, path: str, payload: bytes, headers: dict, timeout: float) -> int:
+    """The attack goes out from its own thread and connection, so building and sending a 4 MB body
+    never delays the victim's reader (which runs on this process's event loop)."""
+    import httpx
+
+    with httpx.Client(timeout=timeout, trust_env=False) as client:
+        return client.post(f"{base}{path}", content=payload,
+                           headers={**headers, "content-type": "application/json"}).status_code
+
+
 async def _round(client: Any, base: str, model: str, output_len: int, headers: dict,
                  attack: dict[str, Any] | None) -> tuple[list[float], list[float], int, float, float]:
+    payload = b"" if attack is None else json.dumps(attack).encode()
+    path = "/v1/chat/completions" if attack is not None and "messages" in attack else "/v1/completions"
     stamps, latencies, first, stop = [], [], asyncio.Event(), asyncio.Event()
     victim = asyncio.ensure_future(_victim(client, base, model, output_len, headers, first, stamps))
     prober = asyncio.ensure_future(_prober(client, base, stop, latencies))
     await first.wait()
     status, start = 0, time.perf_counter()
     if attack is not None:
-        path = "/v1/chat/completions" if "messages" in attack else "/v1/completions"
-        payload = json.dumps(attack).encode()
-        resp = await client.post(f"{base}{path}", content=payload, headers={**headers, "content-type":
-                                                                             "application/json"})
-        status = resp.status_code
+        status = await asyncio.to_thread(_send_attack, base, path, payload, headers, client.timeout.read or 300.0)
     end = time.perf_counter()
     await victim
     stop.set()
