@@ -61,7 +61,7 @@ class Dsv4KvSpec:
     index_head_dim: int
     row_format: str = "fp8_ds_mla"
     num_mtp_layers: int = 0
-    block_size: int = 0  # 0 = lcm of the ratios
+    block_size: int = 0  # 0 = the smallest valid multiple of the ratios' lcm
 
     def __post_init__(self) -> None:
         ratios = tuple(self.compress_ratios)
@@ -82,8 +82,9 @@ class Dsv4KvSpec:
         if self.num_mtp_layers >= len(ratios):
             raise ValueError(f"num_mtp_layers={self.num_mtp_layers} leaves no main layer in {len(ratios)} ratios")
         lcm = self.ratio_lcm
-        if self.block_size == 0:
-            object.__setattr__(self, "block_size", max(lcm, CSA_OVERLAP_ROWS))
+        if self.block_size == 0:  # the smallest multiple of the lcm that the CSA rule below accepts
+            floor = CSA_STATE_RING if any(is_csa(r) for r in ratios) else CSA_OVERLAP_ROWS
+            object.__setattr__(self, "block_size", lcm * -(-floor // lcm))
         elif self.block_size % lcm:
             raise ValueError(f"block_size={self.block_size} must be a multiple of every compress ratio (lcm {lcm})")
         if any(is_csa(r) for r in ratios) and self.block_size < CSA_STATE_RING:
@@ -221,7 +222,7 @@ class CacheConfig:
     """How the KV arena is sized and how the prefix cache behaves.
 
     ``kv_cache_bytes`` is the byte budget of the arena plus the live compressor-state pool.
-    ``block_size`` 0 means the model's own (lcm of its compress ratios). ``chunk_pages`` = SWA
+    ``block_size`` 0 means the model's own (the smallest valid multiple of its compress ratios' lcm). ``chunk_pages`` = SWA
     blocks per arena chunk (0 = choose the smallest that packs compressed blocks at
     ``packing_target`` efficiency or better, trying up to ``max_chunk_pages``). Retention settings
     come from the environment through :meth:`from_env` (``ATOM_SWA_FULL_RETAIN``,

@@ -83,8 +83,10 @@ REGISTRY: dict[str, EnvVar] = {
     for v in (
         EnvVar(
             "ATOM_SWA_FULL_RETAIN", "swa_full_retain", False,
-            "bool: prefill writes and keeps every SWA block of a chunk, so mid-sequence prefix hits "
-            "become possible (default off: only the trailing window is written).",
+            "bool: keep every published SWA block cached (LRU) after it leaves the window, so "
+            "mid-sequence prefix hits become possible (default off: only blocks that came from the "
+            "cache, the windows before the prompt boundary and a shared-prefix junction, and a "
+            "finished request's tail stay cached). Every SWA row is written in both modes.",
             _parse_bool,
         ),
         EnvVar(

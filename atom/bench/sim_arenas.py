@@ -96,6 +96,9 @@ class _PagedArena(LogicalPageMap):
     def chunk_used_pages(self, owner: str, page: int) -> int:
         return 1
 
+    def chunk_pages_used(self, owner: str, chunk: int) -> int:
+        return 1
+
 
 class SplitKvArena(_PagedArena):
     """Fixed pools: ``swa_pages`` SWA pages, ``compress_pages`` compressed pages and
@@ -138,6 +141,9 @@ class SplitKvArena(_PagedArena):
 
     def can_alloc(self, swa: int = 0, compress: int = 0, state: int = 0) -> bool:
         return self.chunks_needed(swa, compress, state) == 0
+
+    def fits_after_eviction(self, swa: int, compress: int, state: int, kept: dict[str, tuple[int, int]]) -> bool:
+        return all(kept[o][0] + n <= self.capacity(o) for o, n in ((SWA, swa), (COMPRESS, compress), (STATE, state)))
 
     def _shortfall(self, swa: int, compress: int, state: int) -> str:
         return (f"fixed split: {swa} SWA pages ({self.available(SWA)} free) + "
@@ -204,6 +210,9 @@ class OracleKvArena(_PagedArena):
 
     def can_alloc(self, swa: int = 0, compress: int = 0, state: int = 0) -> bool:
         return self.bytes_for(swa, compress, state) <= self.free_bytes()
+
+    def fits_after_eviction(self, swa: int, compress: int, state: int, kept: dict[str, tuple[int, int]]) -> bool:
+        return self.bytes_for(swa + kept[SWA][0], compress + kept[COMPRESS][0], state + kept[STATE][0]) <= self.budget
 
     def _shortfall(self, swa: int, compress: int, state: int) -> str:
         return f"oracle: {self.bytes_for(swa, compress, state)} B needed, {self.free_bytes()} B free"

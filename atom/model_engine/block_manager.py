@@ -32,7 +32,7 @@ from atom.model_engine.outputs import TableUpdate
 from atom.model_engine.sequence import Sequence
 from atom.model_engine.state_slots import StatePages
 from atom.model_engine.swa_pool import SlidingWindowPool
-from atom.model_engine.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
+from atom.model_engine.unified_kv_arena import COMPRESS, STATE, SWA, UnifiedKvArena
 
 __all__ = ["BlockManager", "PrefixMatch", "PrefixCounters"]
 
@@ -114,7 +114,8 @@ class BlockManager:
             return 0
         seq.state_fresh = True
         seq.retain_boundaries = self._retain_boundaries(seq, match)
-        self._count(seq, match)
+        if seq.num_preemptions == 0:  # a re-admission's hit is mostly its own recompute: count once
+            self._count(seq, match)
         return num_new
 
     def _retain_boundaries(self, seq: Sequence, match: PrefixMatch) -> tuple[int, ...]:
@@ -165,6 +166,13 @@ class BlockManager:
             self.slots.take(seq)
 
     def _make_room(self, swa: int, comp: int, state: int = 0) -> None:
+        """Evict until the new pages fit; :class:`ArenaEmpty` (evicting nothing) when even evicting
+        every cached block and releasing every pin would not be enough."""
+        if self.arena.can_alloc(swa, comp, state):
+            return
+        if not self._room_possible(swa, comp, state):
+            raise ArenaEmpty(f"no room for {swa} SWA + {comp} compressed + {state} state pages even after "
+                             "evicting the whole cache")
         pools = {SWA: self.swa.pool, COMPRESS: self.comp}  # the state owner caches nothing
         while not self.arena.can_alloc(swa, comp, state):
             short = [o for o, n in ((SWA, swa), (COMPRESS, comp)) if self.arena.chunks_needed(**{o: n}) > 0]
@@ -173,9 +181,19 @@ class BlockManager:
             lenders = pools.values() if self.arena.lends_between_owners else ()
             if any(pool.reclaim_chunk() for pool in lenders):
                 continue
-            if not self.swa.release_oldest_pin():
-                raise ArenaEmpty(f"no room for {swa} SWA + {comp} compressed + {state} state pages "
-                                 "and nothing evictable")
+            released = self.swa.release_oldest_pin()
+            assert released, f"room for {swa} SWA + {comp} compressed + {state} state pages was feasible but not reached"
+
+    def _room_possible(self, swa: int, comp: int, state: int) -> bool:
+        """Whether evicting cached blocks (and releasing pins) can make the room: first the cheap
+        sufficient test (each owner's own cache), then the exact one (what would stay in use)."""
+        if self.arena.can_alloc(max(0, swa - self.swa.pool.num_cached()), max(0, comp - self.comp.num_cached()),
+                                state):
+            return True
+        kept = {SWA: self.swa.pool.kept_after_eviction(self.swa.pin_only_ids()),
+                COMPRESS: self.comp.kept_after_eviction([]),
+                STATE: (self.arena.num_used(STATE), self.arena.owned_chunks(STATE))}
+        return self.arena.fits_after_eviction(swa, comp, state, kept)
 
     # ---- after a step -------------------------------------------------------------------------
     def after_step(self, seq: Sequence) -> None:
@@ -206,6 +224,12 @@ class BlockManager:
     def reset_prefix_cache(self) -> int:
         """Evict every cached block of both pools; returns how many."""
         return self.comp.unpublish_all_cached() + self.swa.pool.unpublish_all_cached()
+
+    def drop_cache(self) -> int:
+        """Release every retention pin, then evict every cached block (the last resort that lets a
+        lone request start again on an arena holding nothing else); returns blocks evicted."""
+        self.swa.release_all_pins()
+        return self.reset_prefix_cache()
 
     def take_updates(self) -> list[TableUpdate]:
         out, self.updates = self.updates, []

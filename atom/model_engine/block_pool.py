@@ -150,6 +150,20 @@ class BlockPool:
                 return True
         return False
 
+    def kept_after_eviction(self, releasable: list[int]) -> tuple[int, int]:
+        """(pages, chunks) this owner would still hold if every cached block and every block of
+        ``releasable`` (held only by a retention pin) were evicted. Costs O(chunks with cached pages)."""
+        extra: dict[int, int] = {}
+        for bid in releasable:
+            chunk = self.arena.chunk_of(self.owner, self.page(bid))
+            extra[chunk] = extra.get(chunk, 0) + 1
+        drained = 0
+        for chunk in self._cached_by_chunk.keys() | extra.keys():
+            gone = len(self._cached_by_chunk.get(chunk, ())) + extra.get(chunk, 0)
+            drained += gone == self.arena.chunk_pages_used(self.owner, chunk)
+        pages = self.arena.num_used(self.owner) - len(self._cached) - len(releasable)
+        return pages, self.arena.owned_chunks(self.owner) - drained
+
     def unpublish_all_cached(self) -> int:
         """Evict every cached block (``reset_prefix_cache``); returns how many."""
         ids = list(self._cached)

@@ -326,11 +326,17 @@ class KvLayout:
         return out
 
 
-def request_chunks_needed(layout_m: int, layout_k: int, spec: Dsv4KvSpec, max_model_len: int) -> int:
-    """Chunks one request of ``max_model_len`` tokens needs: its window's SWA pages (plus the block
-    being written), every compressed block, and its compressor-state page."""
-    swa_pages = spec.tail_blocks + 1
-    chunks = -(-swa_pages // layout_m) + (1 if spec.request_state_bytes else 0)
+def request_chunks_needed(layout_k: int, spec: Dsv4KvSpec, max_model_len: int) -> int:
+    """Chunks one request of ``max_model_len`` tokens needs, running alone: its window's SWA pages
+    (plus the block being written), one chunk each, every compressed block, packed, and its
+    compressor-state page.
+
+    One chunk per SWA page because the request's own published SWA blocks stay cached beside its
+    live ones (retained windows, full retain, pins): a chunk holding one live page and cached ones
+    can never be lent, so the live pages may end up one per chunk. Its compressed blocks are all
+    held to the end, so alone on an emptied arena they pack (the scheduler restarts a request that
+    cannot progress alone in exactly that state)."""
+    chunks = spec.tail_blocks + 1 + (1 if spec.request_state_bytes else 0)
     if spec.compressed_layers:
         comp_pages = -(-max_model_len // spec.block_size)
         chunks += -(-comp_pages // layout_k)
@@ -368,7 +374,7 @@ def chunk_shape(spec: Dsv4KvSpec, cache: CacheConfig) -> ChunkShape:
 def _layout_with_chunks(spec: Dsv4KvSpec, geometry: ChunkShape, budget: int, num_chunks: int,
                         limits: SchedulerConfig) -> KvLayout:
     m, spb, k = geometry
-    need_chunks = request_chunks_needed(m, k, spec, limits.max_model_len)
+    need_chunks = request_chunks_needed(k, spec, limits.max_model_len)
     if num_chunks < need_chunks:
         need = need_chunks * m * spb
         raise InsufficientKvMemory(

@@ -95,7 +95,7 @@ class LLMEngine:
         """Schedule, run and postprocess one step; outputs of the requests that progressed."""
         batch = self.scheduler.schedule()
         finished_early = [r for r in list(self._requests.values()) if r.seq.status.finished]
-        out = self.runner.execute(batch) if batch.seqs else RunnerOutput({})
+        out = self.runner.execute(batch)  # even with no sequence: releases and table deltas must land
         results = self.scheduler.postprocess(batch, out)
         outputs = [self._finish_output(r) for r in finished_early]
         for res in results:
@@ -109,8 +109,7 @@ class LLMEngine:
 
     def _output(self, req: _Request, new_token: int | None, logprobs: TokenLogprobs | None) -> RequestOutput:
         seq = req.seq
-        if req.cached == 0 and seq.num_cached_tokens:
-            req.cached = seq.num_cached_tokens
+        req.cached = seq.stats.reused  # set at first admission only
         new_ids = [new_token] if new_token is not None else []
         new_text = ""
         if req.text is not None:

@@ -34,6 +34,16 @@ class LogicalPageMap:
         """Why ``swa`` + ``compress`` + ``state`` new pages do not fit (for the :class:`ArenaEmpty` message)."""
         raise NotImplementedError
 
+    def fits_after_eviction(self, swa: int, compress: int, state: int, kept: dict[str, tuple[int, int]]) -> bool:
+        """Whether ``swa`` + ``compress`` + ``state`` new pages would fit once every page not in ``kept`` was
+        freed; ``kept[owner]`` = (pages that stay, chunks holding them). Lets the block manager
+        check a shortfall can be met before it evicts anything."""
+        raise NotImplementedError
+
+    def chunk_pages_used(self, owner: str, chunk: int) -> int:
+        """Pages in use in ``chunk`` (which ``owner`` holds)."""
+        raise NotImplementedError
+
     def _take_page(self, owner: str) -> int:
         raise NotImplementedError
 

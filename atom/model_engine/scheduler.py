@@ -55,6 +55,7 @@ class Scheduler:
         self.num_preemptions = 0
         self._released: list[int] = []
         self._preempted_now: set[int] = set()
+        self._solo: int | None = None  # a request restarted alone on an emptied arena: admit only it
 
     # ---- requests -----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -124,6 +125,7 @@ class Scheduler:
                 n = to_block_end
                 continue
             self._preempt(seq)
+            self._restart_alone(seq)
             return 0
 
     def _preempt(self, seq: Sequence) -> None:
@@ -138,15 +140,26 @@ class Scheduler:
         self._preempted_now.add(seq.seq_id)
         self.waiting.appendleft(seq)
 
+    def _restart_alone(self, seq: Sequence) -> None:
+        """``seq`` cannot progress even alone: its pages sit in chunks shared with cached pages,
+        which can never be lent. Drop the whole cache and let it run alone from scratch, where the
+        layout's one-request promise (:func:`~atom.model_engine.kv_layout.request_chunks_needed`)
+        holds; other requests are admitted again once it finishes."""
+        self.bm.drop_cache()
+        self._solo = seq.seq_id
+
     def _admit_waiting(self, work: dict[int, int], budget: int) -> list[Sequence]:
         admitted = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if seq.seq_id in self._preempted_now:
+            if seq.seq_id in self._preempted_now or self._solo not in (None, seq.seq_id):
                 break
             n = self.bm.admit(seq, budget)
             if n == 0 and not self.running:
                 n = self.bm.admit(seq, 1)
+                if n == 0:
+                    self._restart_alone(seq)
+                    n = self.bm.admit(seq, 1)
                 if n == 0:
                     self.waiting.popleft()
                     seq.error = "the KV arena cannot hold this request's first block even when idle"
@@ -160,14 +173,19 @@ class Scheduler:
             admitted.append(seq)
             work[seq.seq_id] = n
             budget -= n
+            if self._solo is not None:
+                break
         return admitted
 
     def _build_output(self, work: dict[int, int], admitted: list[Sequence]) -> ScheduledBatch:
-        new_ids = {s.seq_id for s in admitted}
-        updates = tuple(u for u in self.bm.take_updates() if u.seq_id not in new_ids and u.seq_id in work)
+        released, self._released = tuple(self._released), []
+        skip = {s.seq_id for s in admitted}.union(released)  # full tables sent / tables dropped
+        updates = tuple(u for u in self.bm.take_updates() if u.seq_id not in skip)
+        for u in updates:  # every other delta must reach the runner, scheduled this step or not
+            seq = self.by_id.get(u.seq_id)
+            assert seq is not None and seq.status is SequenceStatus.RUNNING, f"table update of unknown request {u}"
         seqs = tuple(self._scheduled_seq(self.by_id[sid], n) for sid, n in work.items())
         new_tables = tuple(NewTables(s.seq_id, tuple(s.comp_pages), tuple(s.swa_pages)) for s in admitted)
-        released, self._released = tuple(self._released), []
         return ScheduledBatch(self.step_count, seqs, new_tables, updates, released)
 
     def _scheduled_seq(self, seq: Sequence, n: int) -> ScheduledSeq:
@@ -223,6 +241,8 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
         seq.status = status
+        if self._solo == seq.seq_id:
+            self._solo = None
         self.by_id.pop(seq.seq_id, None)
 
     def check_integrity(self) -> None:

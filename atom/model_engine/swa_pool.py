@@ -195,6 +195,16 @@ class SlidingWindowPool:
     def pinned_ids(self) -> list[int]:
         return list(self._pins)
 
+    def pin_only_ids(self) -> list[int]:
+        """Pinned blocks no sequence holds (releasing the pin would make them cached)."""
+        return [bid for bid in self._pins if self.pool.blocks[bid].ref_count == 1]
+
+    def release_all_pins(self) -> int:
+        n = len(self._pins)
+        while self._pins:
+            self._unpin(next(iter(self._pins)))
+        return n
+
     def _step_blocks(self, seq: Seq, num_new: int) -> tuple[int, int]:
         start = seq.num_computed_tokens
         return start // self.block_size, (start + num_new - 1) // self.block_size

@@ -78,6 +78,25 @@ class UnifiedKvArena(LogicalPageMap):
     def chunk_of(self, owner: str, page: int) -> int:
         return page // self._lists[owner].pages_per_chunk
 
+    def chunk_pages_used(self, owner: str, chunk: int) -> int:
+        return self._lists[owner].used_in_chunk(chunk)
+
+    def fits_after_eviction(self, swa: int, compress: int, state: int, kept: dict[str, tuple[int, int]]) -> bool:
+        """Each owner keeps only its ``kept`` chunks; what those lack comes from the freed rest
+        (a reserved state pool lends nothing and borrows nothing)."""
+        owners = [(SWA, swa), (COMPRESS, compress)]
+        if self._state_pool is None:
+            owners.append((STATE, state))
+        elif state > self._lists[STATE].available():
+            return False
+        borrow, free = 0, self.chunks.num_chunks
+        for owner, n in owners:
+            pages, chunks = kept[owner]
+            ppc = self._lists[owner].pages_per_chunk
+            borrow += max(0, -(-(n - (chunks * ppc - pages)) // ppc))
+            free -= chunks
+        return borrow <= free
+
     @property
     def lends_between_owners(self) -> bool:
         """Whether a chunk one owner frees can be borrowed by the other (True: one shared arena).

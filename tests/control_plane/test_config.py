@@ -96,3 +96,9 @@ def test_the_integer_check_rejects_bools_floats_and_out_of_range_values(value, m
     with pytest.raises(ValueError, match=message):
         require_int("n", value, 1, maximum)
     assert require_int("n", 3, 1, 8) == 3
+
+
+@pytest.mark.parametrize("ratios,block", [((0, 4, 0), 8), ((0, 4, 16), 16), ((0, 128, 0), 128), ((0, 0), 4)])
+def test_the_default_block_size_is_the_smallest_valid_multiple_of_the_ratios(ratios, block):
+    spec = Dsv4KvSpec(compress_ratios=ratios, sliding_window=8, head_dim=32, rope_head_dim=8, index_head_dim=16)
+    assert spec.block_size == block

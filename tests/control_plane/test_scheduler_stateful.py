@@ -1,30 +1,48 @@
 """Random traffic with shared prefixes, aborts and preemption: integrity after every step, content
-checks on every read, and all memory back at the end."""
+checks on every read, runner tables equal to the scheduler's, and all memory back at the end.
+
+Arenas start at the sizing minimum (one request of the model length), with one or two SWA pages per
+chunk, so pages of live requests end up scattered over chunks shared with cached ones; no request
+that fits the model length may be dropped, and an admission that cannot fit must evict nothing."""
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from support.control_plane import make_harness
+from atom.config import CacheConfig, Dsv4KvSpec
+from atom.model_engine.kv_layout import chunk_shape, request_chunks_needed
+from atom.model_engine.sequence import Sequence, SequenceStatus
+from atom.sampling_params import SamplingParams
+from support.control_plane import TINY, make_harness
 
 PREFIXES = [list(range(100, 148)), list(range(300, 332)), [5] * 20]
+MAX_LEN = 256
+
+
+def min_chunks(window: int, chunk_pages: int) -> int:
+    spec = Dsv4KvSpec(**{**TINY, "sliding_window": window})
+    return request_chunks_needed(chunk_shape(spec, CacheConfig(chunk_pages=chunk_pages)).compress_pages_per_chunk, spec, MAX_LEN)
 
 
 class TrafficMachine(RuleBasedStateMachine):
-    @initialize(full_retain=st.booleans(), chunks=st.integers(8, 30), budget=st.sampled_from([7, 16, 40]),
-                window=st.sampled_from([8, 16]))
-    def setup(self, full_retain, chunks, budget, window):
-        self.h = make_harness(num_chunks=chunks, budget=budget, max_seqs=3, max_model_len=256,
-                              full_retain=full_retain, interval=32 if full_retain else 0,
-                              spec_overrides={"sliding_window": window})
+    @initialize(full_retain=st.booleans(), extra=st.integers(0, 22), budget=st.sampled_from([7, 16, 40]),
+                window=st.sampled_from([8, 16, 49]), chunk_pages=st.sampled_from([1, 2]))
+    def setup(self, full_retain, extra, budget, window, chunk_pages):
+        self.h = make_harness(num_chunks=min_chunks(window, chunk_pages) + extra, chunk_pages=chunk_pages,
+                              budget=budget, max_seqs=3, max_model_len=MAX_LEN, full_retain=full_retain,
+                              interval=32 if full_retain else 0, spec_overrides={"sliding_window": window})
         self.live = []
 
     @rule(prefix=st.sampled_from(range(len(PREFIXES))), suffix=st.lists(st.integers(0, 996), max_size=40),
           max_tokens=st.integers(1, 24))
     def add(self, prefix, suffix, max_tokens):
         tokens = PREFIXES[prefix] + suffix
-        if len(tokens) + max_tokens <= 256:
+        if len(tokens) + max_tokens <= MAX_LEN:
             self.live.append(self.h.add(tokens, max_tokens=max_tokens))
+
+    @rule(length=st.integers(150, MAX_LEN - 1))
+    def add_long(self, length):
+        self.live.append(self.h.add([(7 * i + length) % 997 for i in range(length)], max_tokens=1))
 
     @rule(n=st.integers(1, 4))
     def step(self, n):
@@ -35,7 +53,22 @@ class TrafficMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100))
     def abort(self, i):
-        self.h.sched.abort(self.live[i % len(self.live)].seq_id)
+        seq = self.live.pop(i % len(self.live))
+        self.h.sched.abort(seq.seq_id)
+
+    @rule(length=st.integers(16, MAX_LEN - 1), first=st.integers(1, MAX_LEN))
+    def probe_admission(self, length, first):
+        """An admission that fails changes nothing: no cached block evicted, no pin released."""
+        bm = self.h.bm
+        pending = bm.take_updates()  # the running requests' deltas still owed to the runner
+        seq = Sequence([(11 * i + 3) % 997 for i in range(length)], SamplingParams(max_tokens=1), bm.block_size)
+        before = (bm.comp.num_cached(), bm.swa.pool.num_cached(), bm.swa.num_pins)
+        n = bm.admit(seq, first)
+        after = (bm.comp.num_cached(), bm.swa.pool.num_cached(), bm.swa.num_pins)
+        assert n > 0 or after == before, f"a failed admission changed the cache {before} -> {after}"
+        bm.free(seq)
+        bm.take_updates()  # the probe's own deltas never reach the runner
+        bm.updates.extend(pending)
 
     @invariant()
     def integrity(self):
@@ -45,6 +78,8 @@ class TrafficMachine(RuleBasedStateMachine):
     def teardown(self):
         if hasattr(self, "h"):
             self.h.run()
+            dropped = [s for s in self.live if s.status is SequenceStatus.FINISHED_ABORTED]
+            assert not dropped, f"requests within the model length were dropped: {[s.error for s in dropped]}"
             self.h.assert_all_memory_returned()
 
 

@@ -101,3 +101,13 @@ def test_building_an_engine_for_more_than_one_tensor_parallel_rank_is_refused_wi
     config = EngineConfig(parallel=ParallelConfig(tensor_parallel_size=2))
     with pytest.raises(ValueError, match="tensor_parallel_size=2: .*accepted: 1"):
         build_engine(config)
+
+
+def test_aborts_that_leave_the_engine_idle_drop_the_runner_tables(make_engine):
+    engine = make_engine(budget=16)
+    for i in range(3):
+        rid = engine.add_request([5, 6, 7, 8 + i], SamplingParams(max_tokens=4, ignore_eos=True))
+        engine.step()
+        engine.abort_request(rid)
+        engine.step()
+        assert engine.runner.tables.slot_of == {}

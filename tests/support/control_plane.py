@@ -36,9 +36,22 @@ class Harness:
     def step(self):
         batch = self.sched.schedule()
         out = self.runner.execute(batch)
+        self.assert_runner_tables_match()
         results = self.sched.postprocess(batch, out)
         self.sched.check_integrity()
         return batch, results
+
+    def assert_runner_tables_match(self):
+        """The runner's delta-built tables equal the scheduler's, for every running request (scheduled
+        this step or not), and it keeps no table of a request that is not running."""
+        running = {s.seq_id: s for s in self.sched.running}
+        assert set(self.runner.tables) == set(running), f"runner tables {sorted(self.runner.tables)}"
+        for sid, seq in running.items():
+            table = self.runner.tables[sid]
+            assert table["compress"] == seq.comp_pages, f"seq {sid}: compressed table drifted"
+            swa = table["swa"] + [-1] * (len(seq.swa_pages) - len(table["swa"]))
+            assert swa[:len(seq.swa_pages)] == seq.swa_pages and set(swa[len(seq.swa_pages):]) <= {-1}, \
+                f"seq {sid}: SWA table {swa} vs the scheduler's {seq.swa_pages}"
 
     def run(self, max_steps=10_000):
         steps = 0
