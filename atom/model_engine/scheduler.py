@@ -9,8 +9,14 @@ Chunked prefill and decode mix freely in a step. Each step:
    then preempts itself.
 2. ``_admit_waiting``: first-come first-served, while budget, sequence slots and memory last.
    Admission claims the prefix hit and backs the whole first chunk at once (it reserves what it
-   uses, so it never over-commits), and stops at the first request that does not fit.
+   uses, so it never over-commits), and stops at the first request that does not fit. A request
+   whose next prompt block is being computed by a running request is passed over until that block
+   is published, then hits (burst arrivals of a shared prefix compute it once).
 3. ``_build_output``: the frozen :class:`ScheduledBatch`.
+
+A request that cannot progress even alone (its pages sit in chunks shared with cached ones, which
+cannot be lent) is restarted alone on an emptied cache: the layout promises that one request of the
+model length fits there, and no other request is admitted until it finishes.
 
 ``ArenaEmpty`` never escapes ``schedule()``. A request that could never run (longer than the model
 length) is refused in :meth:`add`; one whose first block cannot fit even in an idle arena is
@@ -124,8 +130,10 @@ class Scheduler:
             if n > to_block_end:
                 n = to_block_end
                 continue
+            alone = len(self.running) == 1  # older requests may still run: then it just waits
             self._preempt(seq)
-            self._restart_alone(seq)
+            if alone:
+                self._restart_alone(seq)
             return 0
 
     def _preempt(self, seq: Sequence) -> None:

@@ -81,3 +81,33 @@ def test_all_memory_returns_to_the_arena_when_requests_finish(make_engine):
     assert bm.comp.num_used() == 0 and bm.swa.pool.num_used() == 0 and bm.slots.num_held() == 0
     bm.reset_prefix_cache()
     assert bm.arena.num_free_chunks() == bm.arena.layout.num_chunks
+
+
+def test_a_youngest_request_preempting_itself_while_older_ones_run_does_not_stall_the_queue(reference):
+    # the tight arena of the "preempting" case with a content-checking fake runner: a request that
+    # preempts itself while older ones still run must not put the scheduler in its restart-alone mode
+    from atom.config import CacheConfig, SchedulerConfig
+    from atom.model_engine.block_manager import BlockManager
+    from atom.model_engine.fake_runner import FakeRunner
+    from atom.model_engine.kv_content_model import KvContentModel
+    from atom.model_engine.kv_layout import KvLayout
+    from atom.model_engine.scheduler import Scheduler
+    from atom.model_engine.sequence import Sequence, SequenceStatus
+
+    spec = reference.cfg.kv_spec("fp32", include_mtp=False)
+    limits = SchedulerConfig(max_num_batched_tokens=37, max_num_seqs=8, max_model_len=512)
+    layout = KvLayout.for_chunks(spec, 4, limits)
+    sched = Scheduler(limits, BlockManager(layout, CacheConfig(kv_cache_bytes=layout.kv_cache_bytes)), None)
+    content = KvContentModel(spec.block_size, spec.sliding_window, bool(spec.csa_layers),
+                             lambda sid: sched.by_id[sid].token_ids)
+    runner = FakeRunner(vocab_size=997, content=content)
+    seqs = [Sequence(p, SamplingParams(max_tokens=40, ignore_eos=True), spec.block_size) for p in prompts()]
+    for seq in seqs:
+        sched.add(seq)
+    for _ in range(2000):
+        if not sched.has_unfinished():
+            break
+        batch = sched.schedule()
+        sched.postprocess(batch, runner.execute(batch))
+        sched.check_integrity()
+    assert all(s.status is SequenceStatus.FINISHED_LENGTH for s in seqs) and sched.num_preemptions > 0
