@@ -9,9 +9,7 @@ Chunked prefill and decode mix freely in a step. Each step:
    then preempts itself.
 2. ``_admit_waiting``: first-come first-served, while budget, sequence slots and memory last.
    Admission claims the prefix hit and backs the whole first chunk at once (it reserves what it
-   uses, so it never over-commits), and stops at the first request that does not fit. A request
-   whose next prompt block is being computed by a running request is passed over until that block
-   is published, then hits (burst arrivals of a shared prefix compute it once).
+   uses, so it never over-commits), and stops at the first request that does not fit.
 3. ``_build_output``: the frozen :class:`ScheduledBatch`.
 
 A request that cannot progress even alone (its pages sit in chunks shared with cached ones, which
