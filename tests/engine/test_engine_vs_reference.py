@@ -44,7 +44,7 @@ def run_recording_logits(engine):
 
 
 @pytest.mark.parametrize("full_retain", [False, True])
-@pytest.mark.parametrize("num_chunks", [200, 4], ids=["roomy", "preempting"])
+@pytest.mark.parametrize("num_chunks", [200, 5], ids=["roomy", "preempting"])
 def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, reference, full_retain, num_chunks):
     engine = make_engine(num_chunks=num_chunks, full_retain=full_retain)
     n_out = 6 if num_chunks == 200 else 40  # long decodes make running requests grow into each other
@@ -54,7 +54,7 @@ def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, r
         engine.add_request(p, params)
         seqs.append(engine.scheduler.waiting[-1])
     steps = run_recording_logits(engine)
-    assert (engine.scheduler.num_preemptions > 0) == (num_chunks == 4)  # the tight arena must preempt
+    assert (engine.scheduler.num_preemptions > 0) == (num_chunks == 5)  # the tight arena must preempt
     for seq, p in zip(seqs, prompts()):
         assert seq.output_token_ids == reference_greedy(reference, p, n_out), f"prompt of {len(p)} tokens"
     full = {s.seq_id: reference_logits(reference, s.token_ids[:-1]) for s in seqs}
@@ -73,7 +73,7 @@ def test_the_triton_kernels_give_the_same_greedy_tokens(make_engine, reference):
 
 
 def test_all_memory_returns_to_the_arena_when_requests_finish(make_engine):
-    engine = make_engine(num_chunks=4)
+    engine = make_engine(num_chunks=5)
     for p in prompts():
         engine.add_request(p, GREEDY)
     run_recording_logits(engine)
@@ -96,7 +96,7 @@ def test_a_youngest_request_preempting_itself_while_older_ones_run_does_not_stal
 
     spec = reference.cfg.kv_spec("fp32", include_mtp=False)
     limits = SchedulerConfig(max_num_batched_tokens=37, max_num_seqs=8, max_model_len=512)
-    layout = KvLayout.for_chunks(spec, 4, limits)
+    layout = KvLayout.for_chunks(spec, 5, limits)
     sched = Scheduler(limits, BlockManager(layout, CacheConfig(kv_cache_bytes=layout.kv_cache_bytes)), None)
     content = KvContentModel(spec.block_size, spec.sliding_window, bool(spec.csa_layers),
                              lambda sid: sched.by_id[sid].token_ids)

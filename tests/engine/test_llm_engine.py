@@ -110,4 +110,4 @@ def test_aborts_that_leave_the_engine_idle_drop_the_runner_tables(make_engine):
         engine.step()
         engine.abort_request(rid)
         engine.step()
-        assert engine.runner.tables.slot_of == {}
+        assert engine.runner.tables.row_of == {}
