@@ -1,13 +1,22 @@
-"""Control-plane speed: scheduler + block-manager time per decode step, against context length.
+"""Control-plane speed: cost per operation, and scheduler + block-manager time per decode step.
 
     python -m atom.bench.control_plane [--seqs 1 64 256] [--contexts 4096 32768 131072] [--steps 64]
+                                       [--block-sizes 128 256] [--decode-steps 32]
+
+First a per-operation table (admit, 8K prefill chunk, decode, free; median microseconds per call)
+for the workloads of :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
 
 Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
 allocates no tensors), a fake runner. Each configuration first prefills its requests to the given
 context, then times ``schedule()`` + ``postprocess()`` over ``--steps`` decode steps (the runner's
-own time is excluded). The last line is ``step_us_per_seq_256=<float> growth_4k_to_128k=<float>``:
+own time is excluded). Times are this process's CPU time (``time.process_time``), so the load other
+processes put on a shared machine does not inflate them.
+The last line is ``step_us_per_seq_256=<float> growth_4k_to_128k=<float>``:
 microseconds per step per sequence with 256 sequences at the largest context, and the ratio of the
-per-step time at the largest context to the smallest one with 256 sequences (target <= 1.2).
+per-step time at the largest context to the smallest one with 256 sequences (target <= 1.2). The line
+before it is ``ops_b128 decode_us=<f> admit_us=<f> prefill_8k_us=<f> free_128k_us=<f>`` at block 128:
+decode (decode-heavy), admission and an 8K prefill chunk and freeing (long-context, 128K prompts).
+Block sizes must be multiples of the model's largest compress ratio (128 for V4-Flash).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import argparse
 import time
 from typing import Sequence as Seq
 
+from atom.bench.control_plane_ops import WORKLOADS, measure_ops
 from atom.config import CacheConfig, SchedulerConfig
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.fake_runner import FakeRunner
@@ -51,15 +61,31 @@ def time_decode(num_seqs: int, context: int, steps: int) -> float:
         sched.postprocess(batch, runner.execute(batch))
     total = 0.0
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         batch = sched.schedule()
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         out = runner.execute(batch)
-        t2 = time.perf_counter()
+        t2 = time.process_time()
         sched.postprocess(batch, out)
-        total += (t1 - t0) + (time.perf_counter() - t2)
+        total += (t1 - t0) + (time.process_time() - t2)
         assert len(batch.seqs) == num_seqs and batch.num_tokens == num_seqs
     return total / steps * 1e6
+
+
+def ops_table(block_sizes: Seq[int], decode_steps: int) -> str:
+    """Print the per-operation table; return the ``ops_b128 ...`` line (printed later, second to last)."""
+    print("| workload | block | admit us | 8K prefill chunk us | decode us | free us |")
+    print("|---|---|---|---|---|---|")
+    ops = {}
+    for block in block_sizes:
+        for w in WORKLOADS:
+            us = measure_ops(w, block, decode_steps)
+            ops[(w.name, block)] = us
+            print(f"| {w.name} ({w.num_seqs} x {w.context / 1024:g}K) | {block} | {us['admit']:.1f} | "
+                  f"{us['prefill']:.1f} | {us['decode']:.2f} | {us['free']:.1f} |", flush=True)
+    heavy, long = ops[("decode-heavy", 128)], ops[("long-context", 128)]
+    return (f"ops_b128 decode_us={heavy['decode']:.2f} admit_us={long['admit']:.1f} "
+            f"prefill_8k_us={long['prefill']:.1f} free_128k_us={long['free']:.1f}")
 
 
 def main(argv: Seq[str] | None = None) -> int:
@@ -67,9 +93,14 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--seqs", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--block-sizes", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--decode-steps", type=int, default=32, help="decode steps per request in the ops table")
     args = ap.parse_args(argv)
-    if min(args.seqs) < 1 or min(args.contexts) < 1 or args.steps < 1:
-        ap.error("--seqs, --contexts and --steps must be positive")
+    if min(args.seqs) < 1 or min(args.contexts) < 1 or args.steps < 1 or args.decode_steps < 1:
+        ap.error("--seqs, --contexts, --steps and --decode-steps must be positive")
+    if 128 not in args.block_sizes or any(b % 128 for b in args.block_sizes):
+        ap.error("--block-sizes must include 128, and every size must be a multiple of 128 (V4-Flash's HCA ratio)")
+    ops_line = ops_table(args.block_sizes, args.decode_steps)
     print("| running seqs | context | us per step | us per step per seq |")
     print("|---|---|---|---|")
     results = {}
@@ -80,6 +111,7 @@ def main(argv: Seq[str] | None = None) -> int:
             print(f"| {n} | {ctx} | {us:.1f} | {us / n:.2f} |", flush=True)
     n = max(args.seqs)
     lo, hi = min(args.contexts), max(args.contexts)
+    print(ops_line)
     print(f"step_us_per_seq_{n}={results[(n, hi)] / n:.3f} growth_{lo // 1024}k_to_{hi // 1024}k="
           f"{results[(n, hi)] / results[(n, lo)]:.3f}")
     return 0

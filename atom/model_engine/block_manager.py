@@ -150,7 +150,15 @@ class BlockManager:
         c.lost_to_csa_state += st.lost_to_csa_state
 
     def grow(self, seq: Sequence, num_new: int) -> None:
-        """Back the next ``num_new`` positions of ``seq``; :class:`ArenaEmpty` if no room."""
+        """Back the next ``num_new`` positions of ``seq``; :class:`ArenaEmpty` if no room.
+
+        Fast path: a step inside one block that is already backed (most decode steps) allocates
+        nothing and runs no room check."""
+        start = seq.num_computed_tokens
+        last = (start + num_new - 1) // self.block_size
+        if start // self.block_size == last and last < len(seq.swa_blocks) and seq.swa_blocks[last] >= 0 \
+                and (not self.has_compressed or last < len(seq.comp_blocks)) and not self.slots.pages_needed(seq):
+            return
         comp_new = 0
         if self.has_compressed:
             comp_new = max(0, -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.comp_blocks))

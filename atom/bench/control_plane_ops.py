@@ -1,0 +1,105 @@
+"""Control-plane cost per operation: admission, an 8K prefill chunk, a decode step, freeing a request.
+
+Each workload keeps all its requests live at once on an arena sized to hold them (V4-Flash geometry,
+fp8 rows; the control plane allocates no tensors) and times the block manager alone:
+
+- ``admit``: :meth:`BlockManager.admit` of a request (prefix match, claim, pages for its first chunk
+  of up to 8,192 tokens). Block hashes are computed when the request arrives, outside the timing.
+- ``prefill``: one further 8,192-token chunk (``grow`` + ``after_step``), long prompts only.
+- ``decode``: one decode step of one request (``grow`` + ``after_step``), per request.
+- ``free``: :meth:`BlockManager.free` of a request at its full context.
+
+Figures are medians over every call of the run, in this process's CPU time.
+
+Workloads: ``decode-heavy`` (256 x 4K), ``long-context`` (32 x 128K), ``shared-prefix`` (64 chats of a
+shared 4K system prompt + 512 own tokens; the first request publishes the prefix, the rest hit it).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from atom.config import CacheConfig, SchedulerConfig
+from atom.model_engine.block_manager import BlockManager
+from atom.model_engine.kv_layout import KvLayout, chunk_shape
+from atom.model_engine.sequence import Sequence
+from atom.models.deepseek_v4.config import DeepseekV4Config
+from atom.sampling_params import SamplingParams
+
+__all__ = ["Workload", "WORKLOADS", "measure_ops"]
+
+CHUNK = 8192
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    num_seqs: int
+    context: int  # prompt tokens per request
+    shared: int = 0  # leading tokens every prompt shares
+
+
+WORKLOADS = (Workload("decode-heavy", 256, 4096), Workload("long-context", 32, 131072),
+             Workload("shared-prefix", 64, 4096 + 512, shared=4096))
+
+
+def _prompt(w: Workload, i: int) -> list[int]:
+    own = [(i * 7919 + j * 31) % 50000 + 1 for j in range(w.context - w.shared)]
+    return [(j * 13) % 50000 + 1 for j in range(w.shared)] + own
+
+
+def _block_manager(w: Workload, block_size: int, decode_steps: int) -> BlockManager:
+    spec = DeepseekV4Config.from_preset("deepseek_v4_flash").kv_spec(block_size=block_size)
+    max_len = w.context + decode_steps + 1
+    limits = SchedulerConfig(max_num_batched_tokens=CHUNK, max_num_seqs=w.num_seqs, max_model_len=max_len)
+    cache = CacheConfig(block_size=spec.block_size)
+    shape = chunk_shape(spec, cache)
+    comp = w.num_seqs * (-(-max_len // spec.block_size))
+    swa = w.num_seqs * (spec.tail_blocks + 2 + CHUNK // spec.block_size)
+    chunks = -(-comp // shape.compress_pages_per_chunk) + -(-swa // shape.chunk_pages) + w.num_seqs + 2  # + state
+    return BlockManager(KvLayout.for_chunks(spec, chunks, limits, cache), cache)
+
+
+def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str, float]:
+    """Median microseconds per call of each operation (``prefill`` is NaN for prompts of one chunk).
+
+    The median, not the mean: on a shared machine a call that loses the CPU mid-way would otherwise
+    dominate; amortized costs (a list or dict growing) are therefore under-weighted."""
+    bm = _block_manager(w, block_size, decode_steps)
+    b = bm.block_size
+    seqs = [Sequence(_prompt(w, i), SamplingParams(max_tokens=decode_steps + 1), b) for i in range(w.num_seqs)]
+    for s in seqs:
+        s.hashes_upto((len(s) - 1) // b)
+    t: dict[str, list[float]] = {"admit": [], "prefill": [], "decode": [], "free": []}
+    clock = time.process_time  # CPU time: other processes on a shared machine do not inflate it
+    for s in seqs:
+        t0 = clock()
+        n = bm.admit(s, CHUNK)
+        t["admit"].append(clock() - t0)
+        assert n > 0, "the arena was sized to hold every request"
+        s.num_computed_tokens += n
+        bm.after_step(s)
+        while s.num_remaining > 1:
+            n = min(CHUNK, s.num_remaining - 1)
+            t0 = clock()
+            bm.grow(s, n)
+            s.num_computed_tokens += n
+            bm.after_step(s)
+            if n == CHUNK:
+                t["prefill"].append(clock() - t0)
+    for step in range(decode_steps):
+        for s in seqs:
+            t0 = clock()
+            bm.grow(s, 1)
+            s.num_computed_tokens += 1
+            s.append_token(step + 1)
+            bm.after_step(s)
+            t["decode"].append(clock() - t0)
+    for s in seqs:
+        t0 = clock()
+        bm.free(s)
+        t["free"].append(clock() - t0)
+    bm.check_integrity([])
+    return {k: statistics.median(v) * 1e6 if v else float("nan") for k, v in t.items()}
