@@ -44,7 +44,8 @@ def build(num_seqs: int, context: int, steps: int) -> tuple[Scheduler, FakeRunne
     shape = chunk_shape(spec, CacheConfig())
     comp_pages = num_seqs * (-(-max_len // spec.block_size))
     swa_pages = num_seqs * (spec.tail_blocks + 2) + -(-(context + num_seqs) // spec.block_size) + 2
-    chunks = -(-comp_pages // shape.compress_pages_per_chunk) + -(-swa_pages // shape.chunk_pages) + 2
+    # + one chunk per request: an upper bound for the compressor-state pages
+    chunks = -(-comp_pages // shape.compress_pages_per_chunk) + -(-swa_pages // shape.chunk_pages) + num_seqs + 2
     layout = KvLayout.for_chunks(spec, chunks, limits)
     sched = Scheduler(limits, BlockManager(layout, CacheConfig()), eos_token_id=None)
     for i in range(num_seqs):

@@ -56,6 +56,7 @@ class PrefixCounters:
     lost_to_evicted_kv: int = 0
     lost_to_swa_window: int = 0
     lost_to_csa_state: int = 0
+    waits_for_prefix: int = 0  # steps a waiting request waited for a running request to publish its prefix
 
 
 class BlockManager:
@@ -79,6 +80,8 @@ class BlockManager:
         self.swa.on_table_change = lambda seq, idx, page: self.updates.append(TableUpdate(seq.seq_id, SWA, idx, page))
         self.updates: list[TableUpdate] = []
         self.counters = PrefixCounters()
+        # hash of a running request's next prompt block to publish -> that request
+        self._frontier: dict[int, Sequence] = {}
 
     # ---- prefix matching ----------------------------------------------------------------------
     def match_prefix(self, seq: Sequence) -> PrefixMatch:
@@ -116,7 +119,40 @@ class BlockManager:
         seq.retain_boundaries = self._retain_boundaries(seq, match)
         if seq.num_preemptions == 0:  # a re-admission's hit is mostly its own recompute: count once
             self._count(seq, match)
+        if self.prefix_caching:
+            self._set_frontier(seq, seq.published_upto, seq.published_upto)
         return num_new
+
+    # ---- burst arrivals: wait for a prefix that a running request is computing -----------------
+    def _set_frontier(self, seq: Sequence, old: int, new: int) -> None:
+        """Move ``seq``'s entry from prompt block ``old`` to ``new`` (none past its prompt's full
+        blocks, or ``new`` < 0: the request is gone). O(1): only the next block is registered."""
+        hashes, end = seq.block_hashes, seq.num_prompt_tokens // self.block_size
+        if old < min(end, len(hashes)) and self._frontier.get(hashes[old]) is seq:
+            del self._frontier[hashes[old]]
+        if 0 <= new < end:
+            self._frontier.setdefault(seq.hashes_upto(new + 1)[new], seq)
+
+    def should_wait_for_prefix(self, seq: Sequence) -> bool:
+        """Whether waiting ``seq`` should stay queued because the next block of its prompt past what
+        the cache holds is being computed by a running request: it then waits until that request
+        publishes it and hits, instead of computing it again (bounded by that request's prefill).
+        The running request keeps its SWA window at the end of the shared run cached for it."""
+        if not self._frontier:
+            return False
+        limit = (len(seq) - 1) // self.block_size
+        k = self.match_prefix(seq).compressed
+        hashes = seq.hashes_upto(limit)
+        producer = self._frontier.get(hashes[k]) if k < limit else None
+        if producer is None:
+            return False
+        theirs, end = producer.block_hashes, k + 1
+        while end < min(limit, len(theirs)) and theirs[end] == hashes[end]:
+            end += 1
+        if end not in producer.retain_boundaries:
+            producer.retain_boundaries += (end,)
+        self.counters.waits_for_prefix += 1
+        return True
 
     def _retain_boundaries(self, seq: Sequence, match: PrefixMatch) -> tuple[int, ...]:
         """The prompt's last block boundary, plus a shared-prefix junction: the boundary up to which
@@ -212,6 +248,7 @@ class BlockManager:
             for j in range(seq.published_upto, full if self.has_compressed else 0):
                 self.comp.publish(seq.comp_blocks[j], hashes[j], seq.block_tokens(j))
             self.swa.publish_full(seq, seq.published_upto, full)
+            self._set_frontier(seq, seq.published_upto, full)
         seq.published_upto = max(seq.published_upto, full)
         self.swa.release_out_of_window(seq)
         seq.state_fresh = False
@@ -219,6 +256,8 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Release everything ``seq`` holds (finished, aborted or preempted)."""
+        if self._frontier:
+            self._set_frontier(seq, seq.published_upto, -1)
         self._release(seq)
         self.slots.give_back(seq)
         seq.reset_blocks()
@@ -264,3 +303,5 @@ class BlockManager:
         self.arena.check_integrity()
         self.slots.check_integrity(seqs)
         assert self.swa.num_pins <= max(self.swa.max_pins, 0)
+        running = {id(s) for s in seqs}
+        assert all(id(s) in running for s in self._frontier.values()), "frontier of a request not running"

@@ -9,7 +9,9 @@ Chunked prefill and decode mix freely in a step. Each step:
    then preempts itself.
 2. ``_admit_waiting``: first-come first-served, while budget, sequence slots and memory last.
    Admission claims the prefix hit and backs the whole first chunk at once (it reserves what it
-   uses, so it never over-commits), and stops at the first request that does not fit.
+   uses, so it never over-commits), and stops at the first request that does not fit. A request
+   whose next prompt block is being computed by a running request is passed over until that block
+   is published, then hits (burst arrivals of a shared prefix compute it once).
 3. ``_build_output``: the frozen :class:`ScheduledBatch`.
 
 A request that cannot progress even alone (its pages sit in chunks shared with cached ones, which
@@ -155,11 +157,14 @@ class Scheduler:
         self._solo = seq.seq_id
 
     def _admit_waiting(self, work: dict[int, int], budget: int) -> list[Sequence]:
-        admitted = []
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+        admitted, i = [], 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[i]
             if seq.seq_id in self._preempted_now or self._solo not in (None, seq.seq_id):
                 break
+            if self._solo is None and self.bm.should_wait_for_prefix(seq):
+                i += 1  # its prefix is being computed by a running request: admit it once published
+                continue
             n = self.bm.admit(seq, budget)
             if n == 0 and not self.running:
                 n = self.bm.admit(seq, 1)
@@ -167,13 +172,13 @@ class Scheduler:
                     self._restart_alone(seq)
                     n = self.bm.admit(seq, 1)
                 if n == 0:
-                    self.waiting.popleft()
+                    del self.waiting[i]
                     seq.error = "the KV arena cannot hold this request's first block even when idle"
                     self._finish(seq, SequenceStatus.FINISHED_ABORTED)
                     continue
             if n == 0:
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)

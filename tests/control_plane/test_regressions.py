@@ -115,3 +115,15 @@ def test_an_abort_that_leaves_the_engine_idle_still_reaches_the_runner(harness):
     engine.abort_request(rid)
     engine.step()
     assert h.runner.tables == {}
+
+
+def test_24_requests_sharing_a_4096_token_prefix_in_one_step_all_hit_except_the_first(harness):
+    h = harness(num_chunks=600, budget=8192, max_seqs=24, max_model_len=4200)
+    prefix = unique(4096, 50)
+    seqs = [h.add(prefix + [i + 1, i + 2, i + 3], max_tokens=2) for i in range(24)]
+    h.run()
+    assert all(s.status is SequenceStatus.FINISHED_LENGTH for s in seqs)
+    assert seqs[0].stats.reused == 0
+    assert [s.stats.reused for s in seqs[1:]] == [4096] * 23
+    assert h.bm.counters.waits_for_prefix > 0
+    h.assert_all_memory_returned()
