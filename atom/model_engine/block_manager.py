@@ -77,6 +77,8 @@ class BlockManager:
                                      int(cache.swa_pin_fraction * layout.max_swa_pages), bool(spec.csa_layers))
         self.slots = StatePages(self.arena, spec.request_state_bytes > 0)
         self.comp.on_evict = self.swa.unpin_hash
+        if self.has_compressed:
+            self.swa.compressed_published = self.comp.is_published
         self.swa.on_table_change = lambda seq, idx, page: self.updates.append(TableUpdate(seq.seq_id, SWA, idx, page))
         self.updates: list[TableUpdate] = []
         self.counters = PrefixCounters()

@@ -42,6 +42,9 @@ class BlockPool:
         self._hash_to_id: dict[int, int] = {}
         self.evicted_hashes: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
+        # recompute tokens a cached block saves (the owner's policy; None: all equal, plain LRU)
+        self.unlock_tokens: Callable[[int], int] | None = None
+        self._clock = 0
         self.on_evict: Callable[[int], None] = lambda block_hash: None
 
     # ---- queries ------------------------------------------------------------------------------
@@ -64,6 +67,10 @@ class BlockPool:
         if bid is None or self.blocks[bid].token_ids != token_ids:
             return None
         return bid
+
+    def is_published(self, block_hash: int) -> bool:
+        """Whether a block with this hash is published (used or cached)."""
+        return block_hash in self._hash_to_id
 
     def is_cached(self, block_id: int) -> bool:
         return block_id in self._cached
@@ -126,7 +133,9 @@ class BlockPool:
         self.on_evict(block_hash)
 
     def evict_lru(self) -> bool:
-        """Evict one cached block (chunk-aware among the oldest few). False if none is cached."""
+        """Evict one cached block among the oldest few: the one worth least (recompute tokens it
+        saves / its age in cache events, when the owner's policy values blocks), then the one whose
+        chunk has the fewest pages in use (so chunks drain). False if none is cached."""
         if not self._cached:
             return False
         candidates = []
@@ -134,9 +143,16 @@ class BlockPool:
             candidates.append(bid)
             if len(candidates) == _LRU_WINDOW:
                 break
-        victim = min(candidates, key=lambda b: self.arena.chunk_used_pages(self.owner, self.page(b)))
+        used = self.arena.chunk_used_pages
+        victim = min(candidates, key=lambda b: (self._worth(b), used(self.owner, self.page(b))))
         self.evict(victim)
         return True
+
+    def _worth(self, block_id: int) -> float:
+        if self.unlock_tokens is None:
+            return 0.0
+        tokens = self.unlock_tokens(block_id)
+        return tokens / (self._clock - self.blocks[block_id].cached_at) if tokens else 0.0
 
     def reclaim_chunk(self) -> bool:
         """Evict every cached block of the least recently used chunk whose used pages are all
@@ -174,6 +190,8 @@ class BlockPool:
     # ---- internals ----------------------------------------------------------------------------
     def _cache(self, block_id: int) -> None:
         self._cached[block_id] = None
+        self.blocks[block_id].cached_at = self._clock
+        self._clock += 1
         chunk = self.arena.chunk_of(self.owner, self.page(block_id))
         self._cached_by_chunk.setdefault(chunk, set()).add(block_id)
 

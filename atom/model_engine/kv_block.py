@@ -49,6 +49,8 @@ class Block:
     block_hash: int | None = None
     token_ids: tuple[int, ...] | None = None
     state_captured: bool = False
+    index: int = -1  # block index in its prompt while published (SWA blocks: what a hit there unlocks)
+    cached_at: int = 0  # the pool's cache clock when it was last cached (its age for eviction)
 
     def reset(self) -> None:
         """Back to a clean, vacant state (ref 0: ATOM's reset to ref 1 crashed on reuse)."""
@@ -56,3 +58,4 @@ class Block:
         self.block_hash = None
         self.token_ids = None
         self.state_captured = False
+        self.index = -1

@@ -53,6 +53,21 @@ class SlidingWindowPool:
         self.max_pins = max_pins
         self.needs_state = needs_state
         self._pins: OrderedDict[int, None] = OrderedDict()
+        self.compressed_published: Callable[[int], bool] = lambda block_hash: False
+        self.pool.unlock_tokens = self.unlock_tokens
+
+    def unlock_tokens(self, bid: int) -> int:
+        """Recompute tokens cached block ``bid`` saves: as the last window block before boundary
+        ``j+1`` it makes the cached compressed prefix ``0..j`` reusable, ``(j+1)*B`` tokens (0 when
+        that compressed block is gone, or, with CSA layers, its boundary state was never captured).
+        Eviction weighs it against age, so a window that unlocks a long cached document outlives
+        windows that unlock nothing."""
+        block = self.pool.blocks[bid]
+        if block.block_hash is None or block.index < 0 or not self.compressed_published(block.block_hash):
+            return 0
+        if self.needs_state and not block.state_captured:
+            return 0
+        return (block.index + 1) * self.block_size
         self.on_table_change: Callable[[Seq, int, int], None] = lambda seq, idx, page: None
 
     # ---- prefix hits --------------------------------------------------------------------------
@@ -119,6 +134,7 @@ class SlidingWindowPool:
             if bid < 0:
                 continue
             self.pool.blocks[bid].state_captured = True
+            self.pool.blocks[bid].index = j
             if self.pool.publish(bid, seq.block_hashes[j], seq.block_tokens(j)) and self._is_checkpoint(seq, j):
                 self._pin(bid)
 

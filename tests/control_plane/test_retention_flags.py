@@ -113,3 +113,18 @@ def test_a_retention_interval_needs_full_retain_and_a_whole_number_of_blocks(har
         CacheConfig(kv_cache_bytes=1 << 24, swa_retention_interval=32)
     with pytest.raises(ValueError, match="multiple of the block size 16"):
         harness(full_retain=True, interval=24)
+
+
+def test_eviction_keeps_an_swa_window_that_unlocks_a_cached_document_over_ones_that_unlock_nothing(harness):
+    h = harness(full_retain=True, spec_overrides={"sliding_window": 8})
+    a = run_one(h, list(range(500, 549)))  # SWA blocks 0..2 cached, with their compressed prefix
+    b = run_one(h, list(range(600, 649)))  # cached later (younger) ...
+    for j in range(3):  # ... but its compressed blocks are gone: its windows unlock nothing
+        h.bm.comp.evict(h.bm.comp.lookup(b.block_hashes[j], b.block_tokens(j)))
+    swa = h.bm.swa.pool
+    names = {swa.lookup(s.block_hashes[j], s.block_tokens(j)): f"{tag}{j}" for tag, s in (("a", a), ("b", b))
+             for j in range(3)}
+    order = []
+    while swa.evict_lru():
+        order += [n for bid, n in names.items() if n not in order and not swa.is_cached(bid)]
+    assert order == ["b0", "b1", "b2", "a0", "a1", "a2"]  # plain LRU would evict a0, a1, a2 first
