@@ -27,6 +27,9 @@ pages (what is live), against the same arena with the reservation this engine ma
 (``max_num_seqs`` = 256 request states taken off the budget up front, each with the HCA state as a
 ``ratio``-row kv + score ring: :func:`ring_state_bytes`).
 
+Each geometry's header also gives the exact KV bytes of one 1M-token request
+(:mod:`atom.bench.kv_accounting`: what the model must keep, no paging).
+
 The last line is ``capacity_vs_oracle_min=<x> vs_atom_style_min=<y> vs_fixed_split_min=<z>``: the
 minimum over every geometry and mix of the arena's capacity divided by each other design's.
 """
@@ -37,6 +40,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from atom.bench.kv_accounting import request_kv_bytes
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.kv_group import is_csa
 from atom.models.deepseek_v4.config import DeepseekV4Config
@@ -186,6 +190,9 @@ def format_report(rep: GeometryReport) -> str:
         f"{lay.state_pages_per_chunk} request states of {lay.spec.request_state_bytes / 2**20:.2f} MiB; "
         f"packing swa {lay.swa_packing:.4f} compressed {lay.compressed_packing:.4f} state {lay.state_packing:.4f}; "
         f"budget remainder {lay.budget_remainder:.5f}; fixed split SWA share {rep.fixed_share:.3f}",
+        f"exact KV of one 1M-token request (kv_accounting): {request_kv_bytes(lay.spec, 1 << 20) / 2**30:.2f} GiB "
+        f"(compressed rows, indexer keys, window) + {lay.spec.request_state_bytes / 2**20:.2f} MiB live "
+        "compressor state",
         "| SWA share | arena tokens | fixed split | ATOM-style | oracle | arena/oracle | arena/ATOM | arena/fixed |",
         "|---|---|---|---|---|---|---|---|",
     ]

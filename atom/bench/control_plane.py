@@ -28,7 +28,7 @@ from typing import Sequence as Seq
 from atom.bench.control_plane_ops import WORKLOADS, measure_ops
 from atom.config import CacheConfig, SchedulerConfig
 from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.fake_runner import FakeRunner
+from atom.testing.fake_runner import FakeRunner
 from atom.model_engine.kv_layout import KvLayout, chunk_shape
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence

@@ -5,10 +5,8 @@ TRITON_INTERPRET must be set before any ``@triton.jit`` function is defined, i.e
 """
 
 import os
-import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, os.path.dirname(__file__))  # for kernel_testlib
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

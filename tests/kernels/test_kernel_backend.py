@@ -90,7 +90,7 @@ def test_kernel_modules_import_and_references_run_without_triton():
 
 
 def test_value_checks_off_skips_only_the_value_checks_and_does_not_nest():
-    from kernel_testlib import i32
+    from support.kernels import i32
 
     rows = torch.full((16, 2), float("nan"))
     bad_table = i32([[5]])  # page 5 of an 8-row stride: outside the 16 rows

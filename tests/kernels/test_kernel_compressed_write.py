@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_testlib import arena_rows, assert_same_bits, i32, random_rows, random_table
+from support.kernels import arena_rows, assert_same_bits, i32, random_rows, random_table
 
 from atom.kernels.compressed_write import compressed_write, compressed_write_ref
 

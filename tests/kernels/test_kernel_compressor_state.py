@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_testlib import assert_same_bits, i32, ragged, random_rows
+from support.kernels import assert_same_bits, i32, ragged, random_rows
 
 from atom.kernels.compressor_state import (compressor_state_update, compressor_state_update_ref,
                                            csa_boundary_capture, csa_boundary_capture_ref, csa_boundary_restore,

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_testlib import arena_rows, assert_same_bits, i32, random_table
+from support.kernels import arena_rows, assert_same_bits, i32, random_table
 
 from atom.kernels.backend import load_kernels
 from atom.kernels.extend_index import build_split_window_index, build_split_window_index_ref

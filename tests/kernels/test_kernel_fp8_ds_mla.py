@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from kernel_testlib import assert_same_bits
+from support.kernels import assert_same_bits
 
 from atom.kernels.fp8_ds_mla import (DSV4_LAYOUT, Fp8DsMlaLayout, fp8_ds_mla_dequantize, fp8_ds_mla_dequantize_ref,
                                      fp8_ds_mla_quantize, fp8_ds_mla_quantize_ref)

@@ -3,7 +3,7 @@ chunking invariance (bit for bit), Triton against the reference, argument checks
 
 import pytest
 import torch
-from kernel_testlib import assert_same_bits, i32, ragged
+from support.kernels import assert_same_bits, i32, ragged
 
 from atom.kernels.hca_state import hca_state_update, hca_state_update_ref
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_testlib import assert_same_bits, i32, random_table
+from support.kernels import assert_same_bits, i32, random_table
 
 from atom.kernels.paged_index import (build_comp_index, build_comp_index_ref, build_paged_index,
                                       build_paged_index_ref, build_window_index, build_window_index_ref)

@@ -4,7 +4,7 @@ window, ragged lengths). Few examples each: every example runs the interpreter."
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_testlib import arena_rows, assert_same_bits, random_rows, random_table
+from support.kernels import arena_rows, assert_same_bits, random_rows, random_table
 
 from atom.kernels.compressed_write import compressed_write, compressed_write_ref
 from atom.kernels.compressor_state import compressor_state_update, compressor_state_update_ref

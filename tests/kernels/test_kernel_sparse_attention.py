@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from kernel_testlib import arena_rows, i32, random_table
+from support.kernels import arena_rows, i32, random_table
 
 from atom.kernels.backend import load_kernels
 from atom.kernels.sparse_attention import sparse_attention, sparse_attention_ref

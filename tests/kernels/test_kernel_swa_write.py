@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_testlib import arena_rows, assert_same_bits, i32, ragged, random_rows, random_table
+from support.kernels import arena_rows, assert_same_bits, i32, ragged, random_rows, random_table
 
 from atom.kernels.swa_write import swa_write, swa_write_prefill, swa_write_prefill_ref, swa_write_ref
 

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
+from support.dsv4 import build
 
-sys.path.insert(0, os.path.dirname(__file__))  # for dsv4_testlib
-
-from dsv4_testlib import build  # noqa: E402
-
-from atom.models.deepseek_v4 import DeepseekV4Config, DeepseekV4Model  # noqa: E402
+from atom.models.deepseek_v4 import DeepseekV4Config, DeepseekV4Model
 
 
 @pytest.fixture(scope="session")

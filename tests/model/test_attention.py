@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from dsv4_testlib import SEQ, tokens
+from support.dsv4 import SEQ, tokens
 
 from atom.models.deepseek_v4.attention import attend
 from atom.models.deepseek_v4.indexer import Indexer

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from dsv4_testlib import SEQ, run_chunks, state_equal, tokens
+from support.dsv4 import SEQ, run_chunks, state_equal, tokens
 
 from atom.models.deepseek_v4.cache import cache_tensors
 

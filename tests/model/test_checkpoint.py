@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from dsv4_testlib import SEQ, run_chunks, tokens
+from support.dsv4 import SEQ, run_chunks, tokens
 from safetensors.torch import load_file, save_file
 
 from atom.models.deepseek_v4 import DeepseekV4Config, DeepseekV4Model

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dsv4_testlib import build, run_chunks, tokens
+from support.dsv4 import build, run_chunks, tokens
 
 from atom.models.deepseek_v4 import DeepseekV4Config
 

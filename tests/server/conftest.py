@@ -1,17 +1,12 @@
 """Fixtures of the server tests: the built-in tiny model in a private cache, and real servers.
 
-Every server's teardown runs ``check_integrity`` on its engine (see ``server_testlib``).
+Every server's teardown runs ``check_integrity`` on its engine (see ``support.server``).
 """
 
-import os
-import sys
+import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))  # for server_testlib
-
-import pytest  # noqa: E402
-
-from atom.builtin_model import ensure_builtin_model  # noqa: E402
-from server_testlib import start_server  # noqa: E402
+from atom.builtin_model import ensure_builtin_model
+from support.server import start_server
 
 
 @pytest.fixture(scope="session")

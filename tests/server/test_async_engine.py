@@ -6,7 +6,7 @@ import pytest
 
 from atom.entrypoints.launch import load_engine
 from atom.sampling_params import SamplingParams
-from server_testlib import small_config
+from support.server import small_config
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import httpx
 import pytest
 
 from atom.builtin_model import BUILTIN_MODEL_NAME as MODEL
-from server_testlib import start_server
+from support.server import start_server
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.fake_runner import FakeRunner
-from atom.model_engine.kv_content_model import KvContentModel
+from atom.testing.fake_runner import FakeRunner
+from atom.testing.kv_content_model import KvContentModel
 from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence

@@ -3,7 +3,7 @@
 import pytest
 
 from atom.config import Dsv4KvSpec
-from atom.model_engine.kv_accounting import compressed_bytes_per_token, mla_kv_bytes, request_kv_bytes
+from atom.bench.kv_accounting import compressed_bytes_per_token, mla_kv_bytes, request_kv_bytes
 from atom.models.deepseek_v4.config import DeepseekV4Config
 
 GIB = 1 << 30

@@ -8,7 +8,7 @@ returns a token that depends only on the request and the position, so runs are r
 
 from __future__ import annotations
 
-from atom.model_engine.kv_content_model import KvContentModel
+from atom.testing.kv_content_model import KvContentModel
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
 from atom.model_engine.unified_kv_arena import COMPRESS, SWA
 

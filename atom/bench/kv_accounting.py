@@ -1,8 +1,8 @@
 """KV memory accounting: exact bytes per token and per request for a KV spec.
 
-Pure functions with no padding or paging in them: what the model *must* keep. The arena's
-capacity report compares against these (the byte-optimal oracle), and the tests reproduce the
-published DeepSeek-V4 figures (9.62 GiB per 1M-token request for V4-Pro in bf16; 83.9 GiB for a
+Pure functions with no padding or paging in them: what the model *must* keep. The capacity report
+(:mod:`atom.bench.capacity`) prints one 1M-token request's exact bytes from them for each geometry,
+and the tests reproduce the published DeepSeek-V4 figures (9.62 GiB per 1M-token request for V4-Pro in bf16; 83.9 GiB for a
 V3.2-style MLA stack).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from atom.config import Dsv4KvSpec
 from atom.kv_group import is_csa
+from atom.validation import require_int
 
 __all__ = ["compressed_bytes_per_token", "request_kv_bytes", "mla_kv_bytes"]
 
@@ -27,8 +28,7 @@ def request_kv_bytes(spec: Dsv4KvSpec, num_tokens: int, include_window: bool = T
     entry); with ``include_window`` the last ``min(n, W)`` SWA rows of every layer; with
     ``include_state`` the live compressor state of every compressed layer.
     """
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-        raise ValueError(f"num_tokens={num_tokens!r} must be an integer >= 0")
+    require_int("num_tokens", num_tokens, 0)
     total = 0
     for layer in spec.compressed_layers:
         ratio = spec.compress_ratios[layer]
@@ -45,6 +45,5 @@ def mla_kv_bytes(num_layers: int, kv_dims: int, bytes_per_elem: int, num_tokens:
     """A dense MLA cache (DeepSeek-V3.2 style: every token, every layer, ``kv_dims`` wide)."""
     for name, value in (("num_layers", num_layers), ("kv_dims", kv_dims),
                         ("bytes_per_elem", bytes_per_elem), ("num_tokens", num_tokens)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name}={value!r} must be an integer >= 0")
+        require_int(name, value, 0)
     return num_layers * kv_dims * bytes_per_elem * num_tokens
