@@ -13,7 +13,7 @@ import pytest
 from atom.builtin_model import BUILTIN_MODEL_NAME as MODEL
 from atom.entrypoints.connections import RateLimitedLoopErrors
 from atom.entrypoints.limits import ServerLimits
-from server_testlib import start_server
+from support.server import start_server
 
 pytestmark = pytest.mark.slow
 

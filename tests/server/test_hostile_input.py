@@ -10,7 +10,7 @@ import pytest
 
 from atom.builtin_model import BUILTIN_MODEL_NAME as MODEL
 from atom.entrypoints.limits import ServerLimits
-from server_testlib import start_server
+from support.server import start_server
 
 CORPUS = Path(__file__).parent / "bad_bodies"
 PATHS = {"completions": ["/v1/completions"], "chat": ["/v1/chat/completions"],
