@@ -88,8 +88,8 @@ def test_a_youngest_request_preempting_itself_while_older_ones_run_does_not_stal
     # preempts itself while older ones still run must not put the scheduler in its restart-alone mode
     from atom.config import CacheConfig, SchedulerConfig
     from atom.model_engine.block_manager import BlockManager
-    from atom.model_engine.fake_runner import FakeRunner
-    from atom.model_engine.kv_content_model import KvContentModel
+    from atom.testing.fake_runner import FakeRunner
+    from atom.testing.kv_content_model import KvContentModel
     from atom.model_engine.kv_layout import KvLayout
     from atom.model_engine.scheduler import Scheduler
     from atom.model_engine.sequence import Sequence, SequenceStatus
