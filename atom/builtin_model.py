@@ -1,9 +1,10 @@
 """The built-in tiny DeepSeek-V4 model that ``atom serve`` runs when no model directory is given.
 
-It is a seeded random checkpoint in the real release format (``config.json`` + safetensors, from
-:func:`atom.models.deepseek_v4.make_tiny_checkpoint.make_tiny_checkpoint`) plus the byte-level
-tokenizer of :mod:`atom.tokenizer`, written once to ``<cache>/tiny-dsv4-v1`` where ``<cache>`` is
-the ``cache_dir`` argument, else ``ATOM_CACHE_DIR``, else ``~/.cache/atom``.
+It is a seeded random, unquantized checkpoint in the real release format (``config.json`` +
+safetensors + the byte-level tokenizer of :mod:`atom.tokenizer`, all written by
+:func:`atom.models.deepseek_v4.make_tiny_checkpoint.make_tiny_checkpoint`), written once to
+``<cache>/tiny-dsv4-v1`` where ``<cache>`` is the ``cache_dir`` argument, else ``ATOM_CACHE_DIR``,
+else ``~/.cache/atom``.
 
 Writing is atomic: files go to a private temporary folder beside the target, a completion marker
 is written last, and the folder is renamed into place. A target that holds the marker is reused as
@@ -45,10 +46,8 @@ def _is_complete(path: Path) -> bool:
 
 def _write(tmp: Path) -> None:
     from atom.models.deepseek_v4.make_tiny_checkpoint import make_tiny_checkpoint
-    from atom.tokenizer import write_builtin_tokenizer
 
-    make_tiny_checkpoint(tmp, seed=_SEED)
-    write_builtin_tokenizer(tmp)
+    make_tiny_checkpoint(tmp, seed=_SEED)  # weights, config.json and the tokenizer
     (tmp / _MARKER).write_text(f"{BUILTIN_DIR_NAME} seed={_SEED}\n")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,11 @@ __all__ = [
 #: indexer key plus one fp32 scale; ``bf16`` and ``fp32`` store plain rows (fp32 is what the CPU
 #: reference engine runs).
 KV_ROW_FORMATS = ("fp8_ds_mla", "bf16", "fp32")
+
+#: Accepted ``ModelConfig.dtype`` / ``quant_sim`` values and the ``device`` pattern.
+DTYPES = ("auto", "bfloat16", "float32")
+QUANT_SIM = ("auto", "on", "off")
+_DEVICE = re.compile(r"auto|cpu|(cuda|rocm)(:\d+)?")
 
 _FP32 = 4
 
@@ -266,18 +272,33 @@ class CacheConfig:
 class ModelConfig:
     """Which model to serve and under which name.
 
-    ``path`` is a checkpoint directory (``config.json`` + safetensors + ``tokenizer.json``) or None
-    for the built-in tiny DeepSeek-V4 model. ``seed`` seeds the runner's sampler.
+    ``path`` is a checkpoint directory (``config.json`` + safetensors + ``tokenizer.json``), a Hugging
+    Face repo id (downloaded with ``huggingface_hub``), or None for the built-in tiny DeepSeek-V4 model.
+    ``seed`` seeds the runner's sampler. ``device``: ``auto`` (a CUDA/ROCm GPU when one is visible,
+    else ``cpu``), ``cpu``, ``cuda[:N]`` or ``rocm[:N]``. ``dtype`` of activations and unquantized
+    weights: ``auto`` (bfloat16 on a GPU, float32 on the CPU), ``bfloat16`` or ``float32``.
+    ``quant_sim``: ``auto`` (on when the checkpoint declares a ``quantization_config``), ``on`` or
+    ``off``: the FP8/FP4 round trips of the release (KV rows, indexer, inputs of quantized GEMMs).
     """
 
     path: str | None = None
     served_model_name: str | None = None
     seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    quant_sim: str = "auto"
 
     def __post_init__(self) -> None:
         require_int("seed", self.seed, 0)
         if self.path is not None and not str(self.path).strip():
-            raise ValueError("model must be a checkpoint directory or None (the built-in tiny model)")
+            raise ValueError("model must be a checkpoint directory, a Hugging Face repo id, or None (the built-in "
+                             "tiny model)")
+        if not _DEVICE.fullmatch(str(self.device)):
+            raise ValueError(f"device={self.device!r}; accepted: auto, cpu, cuda, cuda:N, rocm, rocm:N")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}; accepted: {', '.join(DTYPES)}")
+        if self.quant_sim not in QUANT_SIM:
+            raise ValueError(f"quant_sim={self.quant_sim!r}; accepted: {', '.join(QUANT_SIM)}")
 
 
 @dataclass(frozen=True)

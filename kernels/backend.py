@@ -52,6 +52,8 @@ OPS: dict[str, tuple[str, str, str]] = {
     "sparse_attention": ("sparse_attention", "sparse_attention", "sparse_attention_ref"),
     "fp8_ds_mla_quantize": ("fp8_ds_mla", "fp8_ds_mla_quantize", "fp8_ds_mla_quantize_ref"),
     "fp8_ds_mla_dequantize": ("fp8_ds_mla", "fp8_ds_mla_dequantize", "fp8_ds_mla_dequantize_ref"),
+    "fp8_block_gemm": ("fp8_gemm", "fp8_block_gemm", "fp8_block_gemm_ref"),
+    "mxfp4_gemm": ("mxfp4_gemm", "mxfp4_gemm", "mxfp4_gemm_ref"),
 }
 
 _AITER: dict[str, Callable] = {}

@@ -1,4 +1,4 @@
-"""GPU benchmark of the DSV4 KV kernels: ``python -m atom.kernels.bench_kernels [--json out.json]``.
+"""GPU benchmark of the DSV4 kernels: ``python -m atom.kernels.bench_kernels [--gemm] [--json out.json]``.
 
 Measures, with the compiled Triton kernels and ``triton.testing.do_bench`` (CUDA events):
 
@@ -6,7 +6,10 @@ Measures, with the compiled Triton kernels and ``triton.testing.do_bench`` (CUDA
   full-retain prefill), ``compressor_state_update``, ``csa_boundary_capture`` / ``restore``,
   ``hca_state_update`` (the HCA online accumulator) and the index builders;
 * sparse decode attention time per token at 8K and 128K context, real V4-Flash geometry (head_dim
-  512, 64 heads, window 128, CSA top-k 512; HCA attends every completed entry, ctx / 128).
+  512, 64 heads, window 128, CSA top-k 512; HCA attends every completed entry, ctx / 128);
+* with ``--gemm`` instead, the quantized-weight GEMMs (``fp8_block_gemm``, ``mxfp4_gemm``) in TFLOP/s
+  (2 M N K / time) and weight GB/s at V4-Flash shapes, bf16 activations, decode to prefill batch sizes,
+  next to a bf16 ``torch.matmul`` of the same shape.
 
 Value checks are switched off inside the timed calls (:func:`value_checks_off`): they sync the device
 and were run once, untimed, on the same inputs. It needs a GPU; without one it prints why and exits
@@ -163,21 +166,52 @@ def bench_attention(dev: str) -> list[dict]:
     return res
 
 
+def bench_gemm(dev: str) -> list[dict]:
+    """Quantized GEMMs at V4-Flash shapes: q/o projections (FP8) and one routed expert (MXFP4)."""
+    from atom.models.deepseek_v4.quant import quantize_fp8_weight, quantize_mxfp4_weight
+
+    from .fp8_gemm import fp8_block_gemm
+    from .mxfp4_gemm import mxfp4_gemm
+
+    res = []
+    cases = (("fp8_block_gemm", fp8_block_gemm, quantize_fp8_weight, (4096, 7168), 1.0),
+             ("mxfp4_gemm", mxfp4_gemm, quantize_mxfp4_weight, (2048, 7168), 0.5 + 1 / 32))
+    for name, kernel, quantize, (n, k), bytes_per_weight in cases:
+        w, s = (t.to(dev) for t in quantize(torch.randn(n, k) * 0.02))
+        dense = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        for m in (1, 16, 128, 1024, 4096):
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            flop = 2 * m * n * k
+            for label, fn, wbytes in ((name, lambda: kernel(x, w, s), n * k * bytes_per_weight),
+                                      ("bf16 matmul", lambda: x @ dense.T, n * k * 2)):
+                ms = _time_ms(fn)
+                res.append({"kernel": f"{label} M={m} N={n} K={k}", "ms": round(ms, 4),
+                            "TFLOP/s": round(flop / ms / 1e9, 2), "GB/s": round(wbytes / ms / 1e6, 1)})
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--gemm", action="store_true", help="time the quantized-weight GEMMs (TFLOP/s) instead")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_kernels: no CUDA/ROCm device (torch.cuda.is_available() is False); nothing measured",
               file=sys.stderr)
         return 2
     rows = []
-    for bench in (bench_swa_write, bench_compressor_state, bench_hca_state, bench_index, bench_attention):
+    kv_benches = (bench_swa_write, bench_compressor_state, bench_hca_state, bench_index, bench_attention)
+    for bench in (bench_gemm,) if args.gemm else kv_benches:
         rows += bench("cuda")
     print(f"device: {torch.cuda.get_device_name()}")
-    print("| kernel | ms | GB/s | us/token |\n|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['kernel']} | {r['ms']} | {r.get('GB/s', '')} | {r.get('us_per_token', '')} |")
+    if args.gemm:
+        print("| kernel | ms | TFLOP/s | weight GB/s |\n|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['kernel']} | {r['ms']} | {r['TFLOP/s']} | {r['GB/s']} |")
+    else:
+        print("| kernel | ms | GB/s | us/token |\n|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['kernel']} | {r['ms']} | {r.get('GB/s', '')} | {r.get('us_per_token', '')} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

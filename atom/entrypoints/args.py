@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from atom import envs
-from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from atom.config import DTYPES, QUANT_SIM, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atom.entrypoints.limits import ServerLimits
 
 __all__ = ["parse_bytes", "add_serve_arguments", "engine_config_from_args", "ServerArgs", "server_args_from",
@@ -85,8 +85,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     ds, dc, dm = d.scheduler, d.cache, d.model
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL_DIR",
-                        help="checkpoint directory (config.json, safetensors, tokenizer.json); "
-                             "omit it to serve the built-in tiny DeepSeek-V4 model")
+                        help="checkpoint directory (config.json, safetensors, tokenizer.json) or a Hugging Face "
+                             "repo id; omit it to serve the built-in tiny DeepSeek-V4 model")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=_port, default=8000, help="port (default: %(default)s; 0 = any free port)")
     parser.add_argument("--api-key", default=None,
@@ -107,6 +107,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None,
                         help="model name clients must send (default: the model directory's name)")
     parser.add_argument("--seed", type=_nonneg_int, default=dm.seed, help="engine seed (default: %(default)s)")
+    parser.add_argument("--device", default=dm.device,
+                        help="auto, cpu, cuda[:N] or rocm[:N] (default: auto = a GPU when visible, else cpu)")
+    parser.add_argument("--dtype", default=dm.dtype, choices=list(DTYPES),
+                        help="activations and unquantized weights (default: auto = bfloat16 on a GPU, float32 on "
+                             "the CPU)")
+    parser.add_argument("--quant-sim", default=dm.quant_sim, choices=list(QUANT_SIM),
+                        help="FP8/FP4 round trips of the release on KV rows, indexer and GEMM inputs (default: "
+                             "auto = on when the checkpoint declares quantization)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="server log level (default: %(default)s)")
     _add_limit_arguments(parser)
@@ -149,7 +157,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The one config the CLI builds (retention settings from the environment). Raises
     ``ValueError`` (from the configs) on bad combinations."""
     return EngineConfig(
-        model=ModelConfig(path=args.model, served_model_name=args.served_model_name, seed=args.seed),
+        model=ModelConfig(path=args.model, served_model_name=args.served_model_name, seed=args.seed,
+                          device=args.device, dtype=args.dtype, quant_sim=args.quant_sim),
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
         cache=CacheConfig.from_env(envs.load(), kv_cache_bytes=args.kv_cache_memory, block_size=args.block_size,

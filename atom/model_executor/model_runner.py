@@ -37,6 +37,7 @@ class ModelRunner:
         self.device = model.embed.weight.device
         self.views = bind_kv_arena(layout, poison=poison, device=self.device)
         self.kernels = load_kernels(kernel_backend)
+        model.bind_kernels(self.kernels)
         max_blocks = -(-max_model_len // layout.spec.block_size)
         self.tables = PageTables(layout.max_live_requests, max_blocks, device=self.device)
         self.attn = [PagedDeepseekV4Attention(block.attn, self.views, self.kernels) for block in model.layers]

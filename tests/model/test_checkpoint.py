@@ -63,22 +63,23 @@ def test_a_sharded_checkpoint_with_an_index_loads_the_same_weights(tmp_path, tin
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 
-def test_an_fp8_checkpoint_is_dequantized_on_load(tmp_path):
+def test_an_fp8_checkpoint_keeps_fp8_weights_or_dequantizes_them_on_request(tmp_path):
     make_tiny_main([str(tmp_path), "--seed", "0", "--fp8"])
     stored = read_tensors(tmp_path)
     name = "layers.1.attn.wq_b.weight"
     assert stored[name].dtype == torch.float8_e4m3fn
     assert stored[name[:-6] + "scale"].dtype == torch.float8_e8m0fnu
     assert tuple(stored[name[:-6] + "scale"].shape) == (1, 1)
-    model = load_checkpoint(tmp_path)
-    weight = model.state_dict()[name]
+    kept = load_checkpoint(tmp_path).state_dict()
+    assert kept[name].dtype == torch.float8_e4m3fn
+    assert torch.equal(kept[name].view(torch.uint8), stored[name].view(torch.uint8))
+    weight = load_checkpoint(tmp_path, keep_quantized=False).state_dict()[name]
     assert torch.equal(weight, dequantize_fp8_weight(stored[name], stored[name[:-6] + "scale"]))
     original = random_state_dict(DeepseekV4Config.tiny(), 0)[name]
     assert not torch.equal(weight, original)
     torch.testing.assert_close(weight, original, rtol=0.07, atol=0.01)
     embed = random_state_dict(DeepseekV4Config.tiny(), 0)["embed.weight"]
-    assert torch.equal(model.state_dict()["embed.weight"], embed)
-    assert torch.isfinite(run_chunks(model, tokens(12), [12])[0]).all()
+    assert torch.equal(kept["embed.weight"], embed)
 
 
 def test_fp8_dequantization_scales_each_128_by_128_block():
@@ -99,14 +100,15 @@ def _rewrite(directory, edit):
 def test_a_missing_tensor_is_named_in_the_error(tmp_path):
     make_tiny_main([str(tmp_path)])
     _rewrite(tmp_path, lambda t: t.pop("layers.4.attn.compressor.norm.weight"))
-    with pytest.raises(CheckpointError, match=r"missing tensors \['layers\.4\.attn\.compressor\.norm\.weight'\]"):
+    with pytest.raises(CheckpointError,
+                       match=r"missing tensor layers\.4\.attn\.compressor\.norm\.weight \(expected shape \(32,\)\)"):
         load_checkpoint(tmp_path)
 
 
 def test_an_unknown_tensor_is_named_in_the_error(tmp_path):
     make_tiny_main([str(tmp_path)])
     _rewrite(tmp_path, lambda t: t.update({"layers.0.attn.bogus.weight": torch.zeros(2)}))
-    with pytest.raises(CheckpointError, match=r"unknown tensors \['layers\.0\.attn\.bogus\.weight'\]"):
+    with pytest.raises(CheckpointError, match=r"unknown tensor layers\.0\.attn\.bogus\.weight"):
         load_checkpoint(tmp_path)
 
 
@@ -136,14 +138,16 @@ def test_a_truncated_file_raises_a_clear_error(tmp_path):
 def test_a_missing_shard_raises_naming_the_file(tmp_path):
     make_tiny_main([str(tmp_path), "--shards", "2"])
     (tmp_path / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors is missing"):
+    with pytest.raises(CheckpointError,
+                       match=r"lists shard files that are missing: \['model-00002-of-00002.safetensors'\]"):
         load_checkpoint(tmp_path)
 
 
 def test_an_fp8_weight_without_its_scale_is_rejected(tmp_path):
     make_tiny_main([str(tmp_path), "--fp8"])
     _rewrite(tmp_path, lambda t: t.pop("layers.0.attn.wq_a.scale"))
-    with pytest.raises(CheckpointError, match=r"fp8 tensor layers\.0\.attn\.wq_a\.weight has no sibling scale"):
+    with pytest.raises(CheckpointError, match=r"quantized tensor layers\.0\.attn\.wq_a\.weight \(F8_E4M3\) has no "
+                       r"sibling scale tensor layers\.0\.attn\.wq_a\.scale"):
         load_checkpoint(tmp_path)
 
 

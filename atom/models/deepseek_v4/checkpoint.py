@@ -1,37 +1,38 @@
-"""Checkpoint I/O in the released DeepSeek-V4 format (dsv4_checkpoint_format.md).
+"""Writing (and reading whole) checkpoints in the released DeepSeek-V4 format (dsv4_checkpoint_format.md).
 
 A checkpoint directory holds ``config.json`` (HF keys) and one or more ``*.safetensors`` files (sharded ones are
 listed in ``model.safetensors.index.json``).  Tensor names are the official ones (``embed.weight``,
-``layers.3.attn.wq_a.weight``, ``mtp.0.e_proj.weight``; no ``model.`` prefix).  FP8 weights are e4m3 with a
-sibling ``<name>.scale`` (e8m0, one per 128x128 block) and are dequantized to the model dtype on load.  The
-release's MTP aliases of the shared embedding / head (``mtp.0.emb.tok_emb.weight``, ``mtp.0.head.weight``) are
-accepted and ignored.  Anything else that does not match the model raises ``CheckpointError`` naming the tensors.
+``layers.3.attn.wq_a.weight``, ``mtp.0.e_proj.weight``; no ``model.`` prefix).  Quantized weights carry a sibling
+``<name>.scale`` (e8m0): FP8 linears are e4m3 with one scale per 128x128 block, FP4 routed experts are int8 bytes
+of packed e2m1 pairs with one scale per 32 inputs (``expert_dtype: "fp4"`` in ``config.json``).
+
+Loading (streamed, weights kept quantized) lives in :mod:`.loader`; ``load_checkpoint`` and ``CheckpointError``
+are re-exported here.  ``read_tensors`` reads every stored tensor at once (tests and tools).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
+from typing import Iterable, Iterator, Mapping
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import DeepseekV4Config
+from .loader import INDEX_FILE, CheckpointError, load_checkpoint
 from .model import DeepseekV4Model
-from .quant import dequantize_fp8_weight, quantize_fp8_weight
+from .quant import quantize_fp8_weight, quantize_mxfp4_weight
 
-INDEX_FILE = "model.safetensors.index.json"
-_IGNORED_ALIASES = ("mtp.0.emb.tok_emb.weight", "mtp.0.head.weight")
+__all__ = ["CheckpointError", "load_checkpoint", "random_tensors", "random_state_dict", "save_checkpoint",
+           "read_tensors", "stored_dtype", "release_tensors", "INDEX_FILE"]
+
 _F32 = re.compile(r"(^|\.)(hc_\w+|attn_sink|ape|bias)$")
 _FP8 = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|indexer\.wq_b|experts\.\d+\.w[123]|shared_experts\.w[123]"
                   r"|e_proj|h_proj)\.weight$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is incomplete, corrupted or does not match its config."""
+_ROUTED = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
 
 
 def stored_dtype(name: str) -> torch.dtype:
@@ -42,12 +43,11 @@ def stored_dtype(name: str) -> torch.dtype:
     return torch.float32 if _F32.search(name) else torch.bfloat16
 
 
-def random_state_dict(cfg: DeepseekV4Config, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded random fp32 weights for every model tensor; values are representable in their stored dtype, so a
-    save/load round trip is exact."""
+def random_tensors(cfg: DeepseekV4Config, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Seeded random fp32 weights for every model tensor, one at a time in name order; values are
+    representable in their stored dtype, so a save/load round trip of unquantized tensors is exact."""
     gen = torch.Generator().manual_seed(seed)
     shapes = {k: tuple(v.shape) for k, v in DeepseekV4Model(cfg, device="meta").state_dict().items()}
-    out: dict[str, torch.Tensor] = {}
     for name in sorted(shapes):
         shape = shapes[name]
 
@@ -72,39 +72,95 @@ def random_state_dict(cfg: DeepseekV4Config, seed: int = 0) -> dict[str, torch.T
         else:
             t = randn(shape[1] ** -0.5)
         dtype = stored_dtype(name)
-        out[name] = t if dtype == torch.int64 else t.to(dtype).float()
-    return out
+        yield name, (t if dtype == torch.int64 else t.to(dtype).float())
 
 
-def save_checkpoint(directory: str | Path, cfg: DeepseekV4Config, state: dict[str, torch.Tensor], *,
-                    fp8: bool = False, shards: int = 1) -> Path:
-    """Write ``config.json`` and the tensors (release dtypes; FP8 + ``.scale`` for linears when ``fp8``)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+def random_state_dict(cfg: DeepseekV4Config, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``random_tensors`` as one dict (loads into ``DeepseekV4Model(cfg)`` with ``load_state_dict``)."""
+    return dict(random_tensors(cfg, seed))
+
+
+def release_tensors(name: str, t: torch.Tensor, *, fp8: bool = False,
+                    fp4_experts: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """How the release stores tensor ``name``: routed experts as int8 packed FP4 + scale (``fp4_experts``),
+    the other linears as FP8 + scale (``fp8``), the rest in :func:`stored_dtype`."""
+    scale_name = name[: -len("weight")] + "scale"
+    if fp4_experts and _ROUTED.search(name):
+        packed, scale = quantize_mxfp4_weight(t)
+        return [(name, packed.view(torch.int8)), (scale_name, scale)]
+    if fp8 and _FP8.search(name):
+        q, scale = quantize_fp8_weight(t)
+        return [(name, q), (scale_name, scale)]
+    return [(name, t.to(stored_dtype(name)).contiguous())]
+
+
+def hf_config(cfg: DeepseekV4Config, *, fp8: bool = False, fp4_experts: bool = False) -> dict:
+    """``config.json`` of a checkpoint written with these options (quantization declared as the release does)."""
     hf = cfg.to_hf_dict()
-    if fp8:
+    if fp8 or fp4_experts:
         hf["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
                                      "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
-    (directory / "config.json").write_text(json.dumps(hf, indent=2))
-    tensors: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
-        if fp8 and _FP8.search(name):
-            tensors[name], tensors[name[: -len("weight")] + "scale"] = quantize_fp8_weight(t)
-        else:
-            tensors[name] = t.to(stored_dtype(name)).contiguous()
-    names = sorted(tensors)
-    if shards <= 1:
-        save_file(tensors, str(directory / "model.safetensors"))
-        return directory
-    per = math.ceil(len(names) / shards)
-    weight_map = {}
-    for k in range(shards):
-        fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        part = {n: tensors[n] for n in names[k * per : (k + 1) * per]}
-        save_file(part, str(directory / fname))
-        weight_map.update({n: fname for n in part})
-    (directory / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
+    if fp4_experts:
+        hf["expert_dtype"] = "fp4"
+    return hf
+
+
+def save_checkpoint(directory: str | Path, cfg: DeepseekV4Config,
+                    state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], *, fp8: bool = False,
+                    fp4_experts: bool = False, shards: int = 1, shard_bytes: int = 0) -> Path:
+    """Write ``config.json`` and the tensors in the release layout (see :func:`release_tensors`).
+
+    ``state`` is a dict or a stream of ``(name, fp32 tensor)``.  ``shard_bytes > 0`` starts a new shard whenever
+    the current one would exceed it (tensors are encoded and written as they come); otherwise ``shards`` files
+    of about equal tensor counts.  More than one shard writes ``model.safetensors.index.json``.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(hf_config(cfg, fp8=fp8, fp4_experts=fp4_experts), indent=2))
+    items = state.items() if isinstance(state, Mapping) else state
+    encoded = (pair for name, t in items for pair in release_tensors(name, t, fp8=fp8, fp4_experts=fp4_experts))
+    if shard_bytes > 0:
+        parts = _parts_by_bytes(encoded, shard_bytes)
+    else:
+        tensors = dict(encoded)
+        names = sorted(tensors)
+        per = -(-len(names) // max(shards, 1))
+        parts = ({n: tensors[n] for n in names[k : k + per]} for k in range(0, len(names), per))
+    _write_shards(directory, parts)
     return directory
+
+
+def _parts_by_bytes(pairs: Iterable[tuple[str, torch.Tensor]], limit: int) -> Iterator[dict[str, torch.Tensor]]:
+    part: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, t in pairs:
+        nbytes = t.numel() * t.element_size()
+        if part and size + nbytes > limit:
+            yield part
+            part, size = {}, 0
+        part[name] = t
+        size += nbytes
+    if part:
+        yield part
+
+
+def _write_shards(directory: Path, parts: Iterable[dict[str, torch.Tensor]]) -> None:
+    """Write each part to its own file as it comes, then name them ``model-0000k-of-0000n`` (or
+    ``model.safetensors`` when there is one) and write the index."""
+    written: list[tuple[Path, list[str]]] = []
+    for k, part in enumerate(parts):
+        tmp = directory / f".part-{k:05d}.safetensors"
+        save_file(part, str(tmp))
+        written.append((tmp, sorted(part)))
+    if len(written) == 1:
+        written[0][0].rename(directory / "model.safetensors")
+        return
+    weight_map = {}
+    for k, (tmp, names) in enumerate(written):
+        fname = f"model-{k + 1:05d}-of-{len(written):05d}.safetensors"
+        tmp.rename(directory / fname)
+        weight_map.update({n: fname for n in names})
+    (directory / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
 
 
 def _load_file(path: Path) -> dict[str, torch.Tensor]:
@@ -135,65 +191,3 @@ def read_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
     for f in files:
         tensors.update(_load_file(f))
     return tensors
-
-
-def dequantize_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Merge every ``<name>.weight`` (e4m3) with its ``<name>.scale`` into one fp32 tensor; drop MTP aliases."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        if name in _IGNORED_ALIASES or (name.endswith(".scale") and name[:-5] + "weight" in tensors):
-            continue
-        scale = tensors.get(name[: -len("weight")] + "scale") if name.endswith(".weight") else None
-        if t.dtype == torch.float8_e4m3fn:
-            if scale is None:
-                raise CheckpointError(f"fp8 tensor {name} has no sibling scale tensor")
-            try:
-                out[name] = dequantize_fp8_weight(t, scale)
-            except ValueError as e:
-                raise CheckpointError(f"{name}: {e}") from e
-        elif scale is not None:
-            raise CheckpointError(f"{name} has a scale but dtype {t.dtype}; only fp8 e4m3 weights are supported "
-                                  "(packed FP4 experts are not)")
-        else:
-            out[name] = t
-    return out
-
-
-def load_state(model: DeepseekV4Model, state: dict[str, torch.Tensor]) -> None:
-    """Copy ``state`` into ``model``; raises ``CheckpointError`` listing missing / unknown / mis-shaped tensors."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unknown = sorted(set(state) - set(expected))
-    if missing or unknown:
-        raise CheckpointError(f"checkpoint does not match the model: missing tensors {missing}; "
-                              f"unknown tensors {unknown}")
-    for name, target in expected.items():
-        if tuple(state[name].shape) != tuple(target.shape):
-            raise CheckpointError(f"tensor {name} has shape {tuple(state[name].shape)}, "
-                                  f"the model expects {tuple(target.shape)}")
-        if not torch.is_floating_point(target) and torch.is_floating_point(state[name]):
-            raise CheckpointError(f"tensor {name} must be an integer tensor, got {state[name].dtype}")
-    with torch.no_grad():
-        for name, target in expected.items():
-            target.copy_(state[name].to(target.dtype))
-
-
-def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32,
-                    device: torch.device | str = "cpu", **overrides: object) -> DeepseekV4Model:
-    """Build the model described by ``directory/config.json`` and load its weights (FP8 dequantized).
-
-    ``overrides`` set config fields such as ``quant_sim=True`` or ``batch_invariant=True``.
-    """
-    directory = Path(directory)
-    cfg_path = directory / "config.json"
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{cfg_path} is missing")
-    try:
-        hf = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from e
-    cfg = DeepseekV4Config.from_hf_dict(hf, **overrides)
-    state = dequantize_state(read_tensors(directory))
-    model = DeepseekV4Model(cfg, dtype=dtype, device=device)
-    load_state(model, state)
-    return model.eval()

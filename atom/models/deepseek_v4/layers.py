@@ -1,7 +1,8 @@
 """Small building blocks shared by every DeepSeek-V4 module: Linear, RMSNorm, Embedding.
 
 Parameters are created with ``torch.empty`` (no initialisation), so a model can be built on the ``meta`` device
-without allocating memory; weights come from a checkpoint or from ``checkpoint.random_state_dict``.
+without allocating memory; weights come from a checkpoint or from ``checkpoint.random_state_dict``.  A Linear
+can keep the release's FP8 or MXFP4 weight (``Linear.set_format``).
 
 Batch invariance: ``map_rows(fn, True, ...)`` applies a token-local function to one token at a time, so every
 GEMM becomes a GEMV and every elementwise kernel (whose SIMD / scalar-tail split depends on the tensor size) sees
@@ -16,6 +17,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .quant import act_quant_block, fp8_roundtrip
 
 
 def map_rows(fn: Callable[..., Any], row_wise: bool, *args: torch.Tensor | None) -> Any:
@@ -37,20 +40,86 @@ def _concat(outs: list[Any]) -> Any:
     return torch.cat(outs, 0)
 
 
-class Linear(nn.Module):
-    """A bias-free linear layer ``y = x W^T`` with ``weight: [out_features, in_features]``.
+#: Weight storage formats of a Linear: parameter dtypes and the kernel op that multiplies with it.
+WEIGHT_FORMATS = ("dense", "fp8", "mxfp4")
+_FORMAT_OPS = {"fp8": "fp8_block_gemm", "mxfp4": "mxfp4_gemm"}
 
-    ``dtype`` fixes the parameter dtype; the input is cast to it (the compressor runs its projections in fp32).
+
+class Linear(nn.Module):
+    """A bias-free linear layer ``y = x W^T`` whose weight may stay quantized as stored in the release.
+
+    Formats (``set_format``):
+
+    * ``dense``: ``weight [out, in]`` in ``dtype``; the input is cast to it (the compressor runs its projections
+      in fp32).
+    * ``fp8``: ``weight [out, in]`` ``float8_e4m3fn`` and ``scale [ceil(out/128), ceil(in/128)]`` e8m0.
+    * ``mxfp4``: ``weight [out, in/2]`` ``uint8`` (packed e2m1 pairs) and ``scale [out, in/32]`` e8m0.
+
+    A quantized layer multiplies through one kernel op (``fp8_block_gemm`` / ``mxfp4_gemm``, the torch
+    reference until :meth:`bind_gemm` binds the backend's), computes in ``dtype`` and, when ``act_quant`` is
+    set, first round-trips its input through FP8 as the official forward does.
     """
 
     def __init__(self, in_features: int, out_features: int, *,
                  dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.dtype = dtype if dtype is not None else torch.get_default_dtype()
+        self.fmt, self.act_block = "dense", 0
+        self.gemm: Callable[..., torch.Tensor] | None = None
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
+        self.scale: nn.Parameter | None = None
+
+    def set_format(self, fmt: str, *, act_quant: bool = False) -> None:
+        """Replace the parameters by empty ones of storage ``fmt`` (on the same device; free on ``meta``)."""
+        if fmt not in WEIGHT_FORMATS:
+            raise ValueError(f"weight format {fmt!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+        dev, n, k = self.weight.device, self.out_features, self.in_features
+        self.fmt = fmt
+        if fmt == "dense":
+            self.weight = nn.Parameter(torch.empty(n, k, dtype=self.dtype, device=dev))
+            self.scale, self.gemm, self.act_block = None, None, 0
+            return
+        if fmt == "fp8":
+            shapes = ((n, k), torch.float8_e4m3fn, (-(-n // 128), -(-k // 128)))
+        else:
+            if k % 32:
+                raise ValueError(f"an mxfp4 weight needs in_features divisible by 32, got {k}")
+            shapes = ((n, k // 2), torch.uint8, (n, k // 32))
+        w_shape, w_dtype, s_shape = shapes
+        self.weight = nn.Parameter(torch.empty(w_shape, dtype=w_dtype, device=dev), requires_grad=False)
+        self.scale = nn.Parameter(torch.empty(s_shape, dtype=torch.float8_e8m0fnu, device=dev), requires_grad=False)
+        self.act_block = act_quant_block(k) if act_quant else 0
+        self.bind_gemm(None)
+
+    @property
+    def gemm_op(self) -> str | None:
+        """The kernel op this layer multiplies with (None for dense weights)."""
+        return _FORMAT_OPS.get(self.fmt)
+
+    def bind_gemm(self, kernels: Any) -> None:
+        """Multiply with ``kernels``' implementation of :attr:`gemm_op` (None: the torch reference)."""
+        op = self.gemm_op
+        if op is None:
+            return
+        if kernels is None:
+            from atom.kernels.backend import get_kernel
+
+            self.gemm = get_kernel(op, "torch")
+        else:
+            self.gemm = getattr(kernels, op)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight)
+        if self.fmt == "dense":
+            return F.linear(x.to(self.weight.dtype), self.weight)
+        assert self.gemm is not None and self.scale is not None
+        x2 = x.to(self.dtype).reshape(-1, self.in_features)
+        if self.act_block:
+            x2 = fp8_roundtrip(x2, self.act_block)
+        return self.gemm(x2, self.weight, self.scale).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt}"
 
 
 class RMSNorm(nn.Module):

@@ -9,6 +9,7 @@ Entry points (all run under ``torch.no_grad``):
 * ``forward_batch(caches, chunks, start_positions)``: several sequences of different lengths (looped).
 * ``mtp_extend(cache, hidden, next_tokens, start_pos) -> logits``: the MTP head for the same positions.
 * ``snapshot(cache)`` / ``restore(snap, cache)``: the dsv4_model.md section 4.2 boundary state.
+* ``bind_kernels(kernel_set)``: the GEMM implementation of the Linears that keep quantized weights.
 
 Prefill, chunked extend and decode run the same per-token code path (see attention.py / compressor.py), so the
 caches and logits do not depend on the chunking; with ``cfg.batch_invariant`` they are bit-identical.
@@ -53,6 +54,12 @@ class DeepseekV4Model(nn.Module):
         self.hc_head_fn = nn.Parameter(torch.empty(cfg.hc_mult, cfg.hc_mult * cfg.dim, device=device))
         self.hc_head_base = nn.Parameter(torch.empty(cfg.hc_mult, device=device))
         self.hc_head_scale = nn.Parameter(torch.empty(1, device=device))
+
+    def bind_kernels(self, kernels: object) -> None:
+        """Run every quantized Linear's GEMM with ``kernels``' implementation (a ``KernelSet``; None: torch)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.bind_gemm(kernels)
 
     # ----- pieces -------------------------------------------------------------------------------------------------
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -122,7 +129,7 @@ class DeepseekV4Model(nn.Module):
         """MTP logits ``[T, vocab]``: position t sees main stream ``hidden[t]`` and token ``next_tokens[t]``
         (= token t+1) and predicts token t+2.  Uses the MTP layer's own SWA cache (``cache.mtp_tokens``)."""
         if not self.mtp:
-            raise ValueError("this config has no MTP layer (n_mtp_layers = 0)")
+            raise ValueError("this model has no MTP layer (n_mtp_layers = 0, or loaded with load_mtp=False)")
         if start_pos != cache.mtp_tokens:
             raise ValueError(f"mtp_extend at start_pos={start_pos} but MTP has seen {cache.mtp_tokens} tokens")
         next_tokens = torch.as_tensor(next_tokens, dtype=torch.long, device=hidden.device).reshape(-1)

@@ -1,0 +1,300 @@
+"""Streamed loading of a release-format DeepSeek-V4 checkpoint onto a device, weights kept as stored.
+
+``load_checkpoint(directory, dtype=, device=)``:
+
+1. reads ``config.json`` and every safetensors header (``CheckpointIndex``; sharded checkpoints through
+   ``model.safetensors.index.json``) without reading any tensor data;
+2. builds the model on the ``meta`` device (no memory) and gives every Linear whose checkpoint weight has a
+   sibling ``.scale`` its stored format: FP8 e4m3 (``fp8``) or packed e2m1 pairs (``mxfp4``; ``int8`` in the
+   release, kept as ``uint8``).  ``attn.wo_a`` is dequantized to ``dtype`` on load, as the official
+   conversion does, because attention multiplies it per group; ``keep_quantized=False`` dequantizes all;
+3. checks every name, shape and dtype against the model and the free memory of ``device``, failing before
+   any data is read with a ``CheckpointError`` naming each bad tensor and what was expected;
+4. reads one tensor at a time (``safe_open`` per tensor, so at most one tensor's file pages are mapped and
+   peak memory stays near the resident model plus twice the largest tensor), converts it straight to
+   ``device`` and its target dtype and installs it as the parameter; a progress bar counts shards.
+
+MTP tensors are read only with ``load_mtp=True``; the release's MTP aliases of the embedding and head
+(``mtp.0.emb.tok_emb.weight``, ``mtp.0.head.weight``) are skipped.  ``CheckpointIndex.read`` takes a row
+slice (``safe_open.get_slice``), so a tensor-parallel split can read its part of a tensor only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from .config import DeepseekV4Config
+from .layers import Linear
+from .model import DeepseekV4Model
+from .quant import dequantize_fp8_weight, dequantize_mxfp4_weight
+
+__all__ = ["CheckpointError", "CheckpointIndex", "load_checkpoint", "read_config", "check_fits",
+           "available_bytes", "INDEX_FILE"]
+
+INDEX_FILE = "model.safetensors.index.json"
+IGNORED_ALIASES = ("mtp.0.emb.tok_emb.weight", "mtp.0.head.weight")
+_DEQUANT_ON_LOAD = re.compile(r"attn\.wo_a$")
+_ITEM_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+_FLOATS = ("F64", "F32", "BF16", "F16")
+_SCALES = ("F8_E8M0", "U8")
+_STORED_FORMAT = {"F8_E4M3": "fp8", "I8": "mxfp4", "U8": "mxfp4"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is incomplete, corrupted, does not match its config or does not fit the device."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where a tensor lies and what its header says."""
+
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _ITEM_BYTES.get(self.dtype, 1)
+
+
+class CheckpointIndex:
+    """Every tensor of a checkpoint directory, from the safetensors headers (no tensor data is read)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.entries: dict[str, TensorEntry] = {}
+        index = self.directory / INDEX_FILE
+        if index.is_file():
+            listed = self._weight_map(index)
+            self.files = sorted({self.directory / f for f in listed.values()})
+        else:
+            listed = None
+            self.files = sorted(self.directory.glob("*.safetensors"))
+            if not self.files:
+                raise CheckpointError(f"no *.safetensors files in {self.directory}")
+        for path in self.files:
+            self._read_header(path)
+        if listed is not None:
+            absent = sorted(n for n, f in listed.items() if self.entries.get(n, None) is None
+                            or self.entries[n].file.name != Path(f).name)
+            if absent:
+                raise CheckpointError(f"tensors listed in {INDEX_FILE} but absent from their files: {absent[:20]}")
+
+    @staticmethod
+    def _weight_map(index: Path) -> dict[str, str]:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index} is not a safetensors index (a JSON object with 'weight_map'): {e}") from e
+        missing = sorted({f for f in weight_map.values() if not (index.parent / f).is_file()})
+        if missing:
+            raise CheckpointError(f"{INDEX_FILE} lists shard files that are missing: {missing}")
+        return weight_map
+
+    def _read_header(self, path: Path) -> None:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    sl = f.get_slice(name)
+                    self.entries[name] = TensorEntry(path, sl.get_dtype(), tuple(sl.get_shape()))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint file {path} is unreadable or corrupted: {e}") from e
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def names_in(self, path: Path) -> list[str]:
+        return sorted(n for n, e in self.entries.items() if e.file == path)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data on disk (headers excluded)."""
+        return sum(e.nbytes for e in self.entries.values())
+
+    def read(self, name: str, device: torch.device | str = "cpu", rows: slice | None = None) -> torch.Tensor:
+        """Tensor ``name`` (or its ``rows``) on ``device``; the file is opened for this tensor only."""
+        entry = self.entries[name]
+        try:
+            with safe_open(str(entry.file), framework="pt", device=str(device)) as f:
+                return f.get_tensor(name) if rows is None else f.get_slice(name)[rows]
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"tensor {name} in {entry.file} is unreadable: {e}") from e
+
+
+def read_config(directory: str | Path, **overrides: object) -> DeepseekV4Config:
+    """``DeepseekV4Config`` of ``directory/config.json`` with field ``overrides`` (``quant_sim=True``, ...)."""
+    cfg_path = Path(directory) / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{cfg_path} is missing")
+    try:
+        hf = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from e
+    return DeepseekV4Config.from_hf_dict(hf, **overrides)
+
+
+def available_bytes(device: torch.device | str) -> int | None:
+    """Free memory of ``device`` (``MemAvailable`` for the CPU); None when it cannot be known."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def check_fits(needed: int, device: torch.device | str, available: int | None = None) -> None:
+    """Raise ``CheckpointError`` saying how much memory the weights need when ``device`` has less free."""
+    free = available_bytes(device) if available is None else available
+    if free is not None and needed > free:
+        gib = 2**30
+        raise CheckpointError(
+            f"the model's weights need {needed / gib:.1f} GiB on {device} but only {free / gib:.1f} GiB is free; "
+            "loading would swap or fail. Serve it on a GPU (or several) with enough memory (--device cuda), or "
+            "pick a smaller checkpoint")
+
+
+def _plan_formats(model: DeepseekV4Model, index: CheckpointIndex, keep_quantized: bool) -> set[str]:
+    """Give each Linear its stored format; return the weight names to dequantize while loading."""
+    dequant: set[str] = set()
+    for path, mod in model.named_modules():
+        if not isinstance(mod, Linear) or f"{path}.scale" not in index or f"{path}.weight" not in index:
+            continue
+        stored = index.entries[f"{path}.weight"].dtype
+        fmt = _STORED_FORMAT.get(stored)
+        if fmt is None:
+            raise CheckpointError(f"{path}.weight has a scale but dtype {stored}; a quantized weight must be "
+                                  "F8_E4M3 (fp8) or I8/U8 (packed FP4 pairs)")
+        if keep_quantized and not _DEQUANT_ON_LOAD.search(path):
+            mod.set_format(fmt, act_quant=model.cfg.quant_sim)
+        else:
+            dequant.add(f"{path}.weight")
+    return dequant
+
+
+def _problems(expected: dict[str, torch.Tensor], index: CheckpointIndex, dequant: set[str],
+              skipped: set[str]) -> list[str]:
+    """Every mismatch between the checkpoint headers and the (meta) model, as readable lines."""
+    scales = {n[: -len("weight")] + "scale" for n in dequant}
+    out = [f"missing tensor {n} (expected shape {tuple(t.shape)})" for n, t in expected.items() if n not in index]
+    out += [f"unknown tensor {n} (the model has no such parameter)" for n in sorted(index.entries)
+            if n not in expected and n not in scales and n not in skipped]
+    for name, target in expected.items():
+        entry = index.entries.get(name)
+        if entry is None:
+            continue
+        want = _expected_dtypes(name, target, dequant)
+        if entry.dtype in _STORED_FORMAT and entry.dtype not in want and name.endswith(".weight"):
+            out.append(f"quantized tensor {name} ({entry.dtype}) has no sibling scale tensor "
+                       f"{name[: -len('weight')]}scale")
+        elif entry.dtype not in want:
+            out.append(f"tensor {name} is stored as {entry.dtype}; expected one of {', '.join(want)}")
+        shape = tuple(target.shape)
+        if name in dequant and entry.dtype in ("I8", "U8"):
+            shape = (shape[0], shape[1] // 2)
+        if entry.shape != shape:
+            out.append(f"tensor {name} has shape {entry.shape}; the model expects {shape}")
+    return out
+
+
+def _expected_dtypes(name: str, target: torch.Tensor, dequant: set[str]) -> tuple[str, ...]:
+    if name in dequant:
+        return ("F8_E4M3", "I8", "U8")
+    if target.dtype == torch.float8_e4m3fn:
+        return ("F8_E4M3",)
+    if target.dtype == torch.uint8:
+        return ("I8", "U8")
+    if target.dtype == torch.float8_e8m0fnu:
+        return _SCALES
+    if not torch.is_floating_point(target):
+        return ("I64", "I32")
+    return _FLOATS
+
+
+def _convert(t: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``t`` as the dtype of ``target`` (bit views for packed FP4 and e8m0), never sharing the file mapping."""
+    if target.dtype in (torch.uint8, torch.float8_e8m0fnu) and t.dtype in (torch.int8, torch.uint8):
+        out = t.view(target.dtype)
+    else:
+        out = t.to(target.dtype)
+    return out.clone() if out.data_ptr() == t.data_ptr() and out.device.type == "cpu" else out
+
+
+def _install(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner, _, attr = name.rpartition(".")
+    mod = model.get_submodule(owner)
+    if attr in mod._parameters:
+        mod._parameters[attr] = nn.Parameter(value, requires_grad=False)
+    else:
+        mod._buffers[attr] = value
+
+
+def _shards(index: CheckpointIndex, progress: bool) -> Iterator[Path]:
+    if not progress:
+        yield from index.files
+        return
+    from tqdm import tqdm
+
+    yield from tqdm(index.files, desc="loading shards", unit="shard")
+
+
+def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32,
+                    device: torch.device | str = "cpu", keep_quantized: bool = True, load_mtp: bool = True,
+                    progress: bool = False, **overrides: object) -> DeepseekV4Model:
+    """The model of ``directory`` on ``device``: dense weights in ``dtype``, quantized ones as stored.
+
+    ``overrides`` set config fields (``quant_sim=True`` also FP8-quantizes the inputs of quantized GEMMs).
+    Raises ``CheckpointError`` before reading any data when names, shapes, dtypes or free memory are wrong.
+    """
+    directory = Path(directory)
+    cfg = read_config(directory, **overrides)
+    index = CheckpointIndex(directory)
+    model = DeepseekV4Model(cfg, dtype=dtype, device="meta")
+    if not load_mtp:
+        model.mtp = nn.ModuleList()
+    dequant = _plan_formats(model, index, keep_quantized)
+    expected = dict(model.state_dict())
+    skipped = set(IGNORED_ALIASES) | (set() if load_mtp else {n for n in index.entries if n.startswith("mtp.")})
+    problems = _problems(expected, index, dequant, skipped)
+    if problems:
+        more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
+        raise CheckpointError(f"checkpoint {directory} does not match the model: " + "; ".join(problems[:20]) + more)
+    check_fits(sum(t.numel() * t.element_size() for t in expected.values()), device)
+    for path in _shards(index, progress):
+        for name in index.names_in(path):
+            if name not in expected:
+                continue
+            if name in dequant:
+                value = _dequantized(index, name, device).to(expected[name].dtype)
+            else:
+                value = _convert(index.read(name, device), expected[name])
+            _install(model, name, value)
+    return model.eval()
+
+
+def _dequantized(index: CheckpointIndex, name: str, device: torch.device | str) -> torch.Tensor:
+    weight = index.read(name, device)
+    scale = index.read(name[: -len("weight")] + "scale", device)
+    if scale.dtype == torch.uint8:
+        scale = scale.view(torch.float8_e8m0fnu)
+    try:
+        if weight.dtype == torch.float8_e4m3fn:
+            return dequantize_fp8_weight(weight, scale)
+        return dequantize_mxfp4_weight(weight.view(torch.uint8), scale)
+    except ValueError as e:
+        raise CheckpointError(f"{name}: {e}") from e

@@ -1,0 +1,92 @@
+"""``y = x W^T`` with an MXFP4 weight (packed e2m1 pairs, one e8m0 scale per 32 inputs): the routed experts.
+
+Contract (``mxfp4_gemm`` and ``mxfp4_gemm_ref`` share it):
+
+* ``x [M, K]`` fp32 or bf16 (contiguous inner dim); ``weight [N, K/2]`` ``uint8`` (byte ``j`` holds
+  input ``2j`` in its low nibble, ``2j+1`` in its high one); ``scale [N, K/32]`` e8m0
+  (``float8_e8m0fnu`` or ``uint8`` bits). ``K`` is a multiple of 32.
+* Returns ``[M, N]`` in ``x.dtype``, accumulated in fp32. The weight is never dequantized as a whole:
+  the reference decodes 128 rows at a time; the Triton kernel decodes each loaded byte tile in
+  registers (Hopper has no FP4 tensor cores, so the codes are widened before the dot).
+
+The kernel splits a byte tile into its low and high nibbles and multiplies them with the even and
+odd input columns of ``x``: ``y = x[:, 0::2] W_lo^T + x[:, 1::2] W_hi^T``, which needs no
+interleaving in registers. One MoE expert projection is one call; a grouped MoE calls it per
+expert slice of sorted tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import HAS_TRITON, check_rows, check_same_device, require_triton, triton, tl
+from .quant_formats import FP4_GROUP, check_mxfp4_weight, dequantize_mxfp4_rows, gemm_by_row_tiles, gemm_tiles
+
+if HAS_TRITON:
+    from .quant_formats import e2m1_decode, e8m0_decode
+
+__all__ = ["mxfp4_gemm", "mxfp4_gemm_ref"]
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> None:
+    check_rows("x", x, dtypes=(torch.float32, torch.bfloat16))
+    check_mxfp4_weight("mxfp4_gemm", weight, scale)
+    if x.shape[1] != 2 * weight.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} features, the packed weight {2 * weight.shape[1]}")
+    check_same_device(x=x, weight=weight, scale=scale)
+
+
+def mxfp4_gemm_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Torch reference: decode 128 weight rows at a time and multiply (fp32 accumulate)."""
+    _check(x, weight, scale)
+    return gemm_by_row_tiles(x, weight.shape[0], lambda lo, hi: dequantize_mxfp4_rows(weight, scale, lo, hi))
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _mxfp4_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr):
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rj = tl.arange(0, BK // 2)  # byte column inside the tile
+        m_ok, n_ok = rm[:, None] < M, rn[:, None] < N
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            j = k0 // 2 + rj
+            j_ok = j[None, :] < K // 2
+            b = tl.load(w_ptr + rn[:, None] * stride_wn + j[None, :], mask=n_ok & j_ok, other=0).to(tl.int32)
+            s = e8m0_decode(tl.load(s_ptr + rn[:, None] * stride_sn + (2 * j[None, :]) // 32, mask=n_ok & j_ok,
+                                    other=127))
+            w_lo = e2m1_decode(b & 15) * s
+            w_hi = e2m1_decode(b >> 4) * s
+            x_even = tl.load(x_ptr + rm[:, None] * stride_xm + 2 * j[None, :], mask=m_ok & j_ok, other=0.0)
+            x_odd = tl.load(x_ptr + rm[:, None] * stride_xm + 2 * j[None, :] + 1, mask=m_ok & j_ok, other=0.0)
+            if FP32:
+                acc += tl.dot(x_even.to(tl.float32), tl.trans(w_lo), input_precision="ieee")
+                acc += tl.dot(x_odd.to(tl.float32), tl.trans(w_hi), input_precision="ieee")
+            else:
+                acc += tl.dot(x_even.to(tl.bfloat16), tl.trans(w_lo.to(tl.bfloat16)))
+                acc += tl.dot(x_odd.to(tl.bfloat16), tl.trans(w_hi.to(tl.bfloat16)))
+        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Triton MXFP4 GEMM decoding in the kernel (same contract as :func:`mxfp4_gemm_ref`)."""
+    require_triton("mxfp4_gemm")
+    _check(x, weight, scale)
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    bm, bn, bk = gemm_tiles(m, x.device)
+    assert bk % FP4_GROUP == 0
+    w = weight.contiguous()
+    s = scale.contiguous().view(torch.uint8)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    _mxfp4_gemm_kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), s.stride(0), y.stride(0),
+                             BM=bm, BN=bn, BK=bk, FP32=x.dtype == torch.float32)
+    return y

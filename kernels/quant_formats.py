@@ -1,0 +1,132 @@
+"""Decoding the weight formats of the DeepSeek-V4 release (pure torch; shared by the GEMM references).
+
+* **e8m0** scale: one unsigned byte ``b``, value ``2^(b - 127)``; ``b = 255`` is NaN, there is no zero
+  (``b = 0`` is ``2^-127``). Stored as ``torch.float8_e8m0fnu`` (a ``uint8`` view holds the same bits).
+* **FP8 e4m3** weight ``[out, in]`` (``torch.float8_e4m3fn``) with one e8m0 scale per 128 x 128 block:
+  ``scale [ceil(out/128), ceil(in/128)]``.
+* **MXFP4** weight: e2m1 codes packed two per byte, ``[out, in/2]`` (``uint8``; the release stores the
+  same bytes as ``int8``). Byte ``j`` of a row holds input ``2j`` in its low nibble and ``2j+1`` in its
+  high nibble. A code is ``sign(1) | exponent(2) | mantissa(1)``: magnitudes ``0, 0.5, 1, 1.5, 2, 3, 4,
+  6``. One e8m0 scale per 32 inputs: ``scale [out, in/32]``.
+
+Only decoding lives here: the kernels need it, and encoding belongs to the model side
+(:mod:`atom.models.deepseek_v4.quant`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ._common import HAS_TRITON, triton, tl
+
+__all__ = ["FP8_BLOCK", "FP4_GROUP", "E2M1_VALUES", "e8m0_to_float", "unpack_fp4", "check_fp8_weight",
+           "check_mxfp4_weight", "dequantize_fp8_rows", "dequantize_mxfp4_rows", "gemm_by_row_tiles",
+           "gemm_tiles"]
+
+FP8_BLOCK = 128
+FP4_GROUP = 32
+#: e2m1 code (0..15) -> value; codes 8..15 are the negatives of 0..7 (code 8 is -0.0).
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                            -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+_SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
+
+
+def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
+    """fp32 values of e8m0 scales given as ``float8_e8m0fnu`` or their ``uint8`` bits."""
+    if scale.dtype == torch.uint8:
+        scale = scale.view(torch.float8_e8m0fnu)
+    if scale.dtype != torch.float8_e8m0fnu:
+        raise ValueError(f"e8m0 scales must be float8_e8m0fnu or uint8, got {scale.dtype}")
+    return scale.float()
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """fp32 values ``[..., 2n]`` of packed e2m1 bytes ``[..., n]`` (low nibble first)."""
+    b = packed.view(torch.uint8).long()
+    table = E2M1_VALUES.to(packed.device)
+    return torch.stack((table[b & 15], table[b >> 4]), dim=-1).flatten(-2)
+
+
+def check_fp8_weight(name: str, weight: torch.Tensor, scale: torch.Tensor) -> None:
+    """``weight [N, K]`` e4m3 with ``scale [ceil(N/128), ceil(K/128)]`` e8m0; ``ValueError`` otherwise."""
+    if weight.dim() != 2 or weight.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"{name}: weight must be a 2-D float8_e4m3fn tensor, got {weight.dtype} "
+                         f"{tuple(weight.shape)}")
+    n, k = weight.shape
+    expect = (math.ceil(n / FP8_BLOCK), math.ceil(k / FP8_BLOCK))
+    if scale.dtype not in _SCALE_DTYPES or tuple(scale.shape) != expect:
+        raise ValueError(f"{name}: scale must be e8m0 (float8_e8m0fnu or uint8) of shape {expect} for a "
+                         f"{n}x{k} weight in {FP8_BLOCK}x{FP8_BLOCK} blocks, got {scale.dtype} "
+                         f"{tuple(scale.shape)}")
+
+
+def check_mxfp4_weight(name: str, weight: torch.Tensor, scale: torch.Tensor) -> None:
+    """``weight [N, K/2]`` packed uint8 with ``scale [N, K/32]`` e8m0; ``ValueError`` otherwise."""
+    if weight.dim() != 2 or weight.dtype != torch.uint8:
+        raise ValueError(f"{name}: packed FP4 weight must be a 2-D uint8 tensor [out, in/2], got "
+                         f"{weight.dtype} {tuple(weight.shape)}")
+    n, half = weight.shape
+    if (2 * half) % FP4_GROUP:
+        raise ValueError(f"{name}: in_features {2 * half} must be a multiple of {FP4_GROUP}")
+    expect = (n, 2 * half // FP4_GROUP)
+    if scale.dtype not in _SCALE_DTYPES or tuple(scale.shape) != expect:
+        raise ValueError(f"{name}: scale must be e8m0 (float8_e8m0fnu or uint8) of shape {expect} (one per "
+                         f"{FP4_GROUP} inputs), got {scale.dtype} {tuple(scale.shape)}")
+
+
+def dequantize_fp8_rows(weight: torch.Tensor, scale: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """fp32 rows ``lo:hi`` of an e4m3 block-128 weight (``lo`` a multiple of 128)."""
+    assert lo % FP8_BLOCK == 0, lo
+    s = e8m0_to_float(scale[lo // FP8_BLOCK : math.ceil(hi / FP8_BLOCK)])
+    s = s.repeat_interleave(FP8_BLOCK, 0)[: hi - lo].repeat_interleave(FP8_BLOCK, 1)[:, : weight.shape[1]]
+    return weight[lo:hi].float() * s
+
+
+def dequantize_mxfp4_rows(weight: torch.Tensor, scale: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """fp32 rows ``lo:hi`` ``[hi - lo, K]`` of a packed MXFP4 weight."""
+    s = e8m0_to_float(scale[lo:hi]).repeat_interleave(FP4_GROUP, 1)
+    return unpack_fp4(weight[lo:hi]) * s
+
+
+
+def gemm_by_row_tiles(x: torch.Tensor, n: int, rows: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """``x W^T`` in ``x.dtype`` (fp32 accumulate) where ``rows(lo, hi)`` dequantizes weight rows ``lo:hi``:
+    at most 128 rows of the weight exist in fp32 at any time."""
+    xf = x.float()
+    out = torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
+    for lo in range(0, n, FP8_BLOCK):
+        hi = min(lo + FP8_BLOCK, n)
+        out[:, lo:hi] = F.linear(xf, rows(lo, hi))
+    return out.to(x.dtype)
+
+
+def gemm_tiles(m: int, device: torch.device) -> tuple[int, int, int]:
+    """``(BM, BN, BK)`` of the quantized GEMM kernels: small M tiles for decode-sized batches; ``BN`` and
+    ``BK`` divide 128 (one FP8 scale per tile). The interpreter pays per program: fewer, wider tiles."""
+    bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+    return (bm, 128, 128) if device.type == "cpu" else (bm, 64, 128)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def e8m0_decode(b):
+        """fp32 value of e8m0 bits ``b`` (uint8) built from the exponent bits (exact; no ``exp2``,
+        which flushes ``2^-127`` to zero on GPUs)."""
+        e = b.to(tl.int32)
+        bits = tl.where(e == 0, 0x00400000, e << 23)
+        bits = tl.where(e == 255, 0x7FC00000, bits)
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def e2m1_decode(code):
+        """fp32 value of 4-bit e2m1 codes (int32 in 0..15): ``m/2`` for exponent 0, else
+        ``(1 + m/2) * 2^(e-1)``; bit 3 is the sign."""
+        e = (code >> 1) & 3
+        m = code & 1
+        mag = tl.where(e == 0, m.to(tl.float32) * 0.5, ((2 + m) << e).to(tl.float32) * 0.25)
+        return tl.where((code & 8) != 0, -mag, mag)
