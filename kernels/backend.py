@@ -9,10 +9,11 @@ Choice (``resolve_backend``), from an explicit override or else ``ATOM_KERNEL_BA
   Tests force ``triton`` on CPU under ``TRITON_INTERPRET=1``.
 
 Every op has a torch reference and a Triton wrapper of the same signature. An aiter implementation
-is used for an op only where one is registered with :func:`register_aiter`; none of aiter's kernels
-matches these contracts today (the arena's ``row_stride`` and fused c4 chunk are ours), so under
-``aiter`` an op without an aiter entry runs its Triton wrapper, and :func:`load_kernels` reports
-which implementation each op got.
+is used for an op only where one is registered with :func:`register_aiter`: ``fp8_block_gemm``
+(aiter's ``gemm_a16w8_blockscale``, ``aiter_gemm.py``); none of aiter's kernels matches the KV
+contracts (the arena's ``row_stride`` and fused c4 chunk are ours) or the packed MXFP4 layout, so
+under ``aiter`` an op without an aiter entry runs its Triton wrapper, and :func:`load_kernels`
+reports which implementation each op got.
 
 Every wrapper checks its arguments before launch. The checks that read tensor values (table
 ranges, top-k causality) sync the device; :func:`value_checks_off` skips them for inputs already
@@ -98,9 +99,20 @@ def resolve_backend(override: str | None = None) -> str:
     return choice
 
 
+@functools.cache
+def _register_aiter_gemms() -> None:
+    """Register the aiter implementations of the quantized GEMMs (``aiter_gemm.py``) once."""
+    from .aiter_gemm import aiter_implementations
+
+    for op, fn in aiter_implementations().items():
+        register_aiter(op, fn)
+
+
 def _implementation(op: str, backend: str) -> tuple[Callable, str]:
     if op not in OPS:
         raise ValueError(f"unknown kernel op {op!r}; known: {', '.join(OPS)}")
+    if backend == "aiter":
+        _register_aiter_gemms()
     if backend == "aiter" and op in _AITER:
         return _AITER[op], "aiter"
     module_name, triton_name, ref_name = OPS[op]

@@ -71,3 +71,15 @@ def test_the_registry_binds_both_gemms_per_backend():
     assert backend.get_kernel("fp8_block_gemm", "triton") is fp8_block_gemm
     assert backend.get_kernel("mxfp4_gemm", "torch") is mxfp4_gemm_ref
     assert backend.get_kernel("mxfp4_gemm", "triton") is mxfp4_gemm
+
+
+def test_the_e4m3fnuz_rewrite_for_mi300_keeps_every_weight_value():
+    from atom.kernels.aiter_gemm import to_e4m3fnuz
+
+    codes = torch.tensor([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=torch.uint8)
+    weight = codes.view(torch.float8_e4m3fn).reshape(2, 127)
+    scale = torch.tensor([[2.0**-3]]).to(torch.float8_e8m0fnu)
+    fnuz, fnuz_scale = to_e4m3fnuz(weight, scale)
+    assert fnuz.dtype == torch.float8_e4m3fnuz and fnuz_scale.tolist() == [[2.0**-2]]
+    assert torch.equal(fnuz.float() * fnuz_scale, weight.float() * 2.0**-3)
+    assert fnuz.view(torch.uint8)[weight.view(torch.uint8) == 0x80].tolist() == [0]

@@ -27,7 +27,8 @@ from .model import DeepseekV4Model
 from .quant import quantize_fp8_weight, quantize_mxfp4_weight
 
 __all__ = ["CheckpointError", "load_checkpoint", "random_tensors", "random_state_dict", "save_checkpoint",
-           "read_tensors", "stored_dtype", "release_tensors", "INDEX_FILE"]
+           "write_checkpoint", "read_tensors", "stored_dtype", "release_format", "release_tensors", "hf_config",
+           "INDEX_FILE"]
 
 _F32 = re.compile(r"(^|\.)(hc_\w+|attn_sink|ape|bias)$")
 _FP8 = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|indexer\.wq_b|experts\.\d+\.w[123]|shared_experts\.w[123]"
@@ -80,15 +81,24 @@ def random_state_dict(cfg: DeepseekV4Config, seed: int = 0) -> dict[str, torch.T
     return dict(random_tensors(cfg, seed))
 
 
+def release_format(name: str, *, fp8: bool = False, fp4_experts: bool = False) -> str:
+    """How the release stores tensor ``name``: ``mxfp4`` for routed experts (with ``fp4_experts``), ``fp8`` for the
+    other quantized linears (with ``fp8``), else ``dense`` (in :func:`stored_dtype`)."""
+    if fp4_experts and _ROUTED.search(name):
+        return "mxfp4"
+    return "fp8" if fp8 and _FP8.search(name) else "dense"
+
+
 def release_tensors(name: str, t: torch.Tensor, *, fp8: bool = False,
                     fp4_experts: bool = False) -> list[tuple[str, torch.Tensor]]:
-    """How the release stores tensor ``name``: routed experts as int8 packed FP4 + scale (``fp4_experts``),
-    the other linears as FP8 + scale (``fp8``), the rest in :func:`stored_dtype`."""
+    """Tensor ``name`` encoded as the release stores it (:func:`release_format`): packed FP4 as int8 bytes + e8m0
+    scales, FP8 e4m3 + e8m0 block scales, or the stored dtype."""
     scale_name = name[: -len("weight")] + "scale"
-    if fp4_experts and _ROUTED.search(name):
+    fmt = release_format(name, fp8=fp8, fp4_experts=fp4_experts)
+    if fmt == "mxfp4":
         packed, scale = quantize_mxfp4_weight(t)
         return [(name, packed.view(torch.int8)), (scale_name, scale)]
-    if fp8 and _FP8.search(name):
+    if fmt == "fp8":
         q, scale = quantize_fp8_weight(t)
         return [(name, q), (scale_name, scale)]
     return [(name, t.to(stored_dtype(name)).contiguous())]
@@ -114,18 +124,25 @@ def save_checkpoint(directory: str | Path, cfg: DeepseekV4Config,
     the current one would exceed it (tensors are encoded and written as they come); otherwise ``shards`` files
     of about equal tensor counts.  More than one shard writes ``model.safetensors.index.json``.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(hf_config(cfg, fp8=fp8, fp4_experts=fp4_experts), indent=2))
     items = state.items() if isinstance(state, Mapping) else state
     encoded = (pair for name, t in items for pair in release_tensors(name, t, fp8=fp8, fp4_experts=fp4_experts))
+    return write_checkpoint(directory, hf_config(cfg, fp8=fp8, fp4_experts=fp4_experts), encoded, shards=shards,
+                            shard_bytes=shard_bytes)
+
+
+def write_checkpoint(directory: str | Path, hf: dict, tensors: Iterable[tuple[str, torch.Tensor]], *,
+                     shards: int = 1, shard_bytes: int = 0) -> Path:
+    """Write ``config.json`` = ``hf`` and already-encoded ``tensors`` (see :func:`save_checkpoint` for sharding)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(hf, indent=2))
     if shard_bytes > 0:
-        parts = _parts_by_bytes(encoded, shard_bytes)
+        parts = _parts_by_bytes(tensors, shard_bytes)
     else:
-        tensors = dict(encoded)
-        names = sorted(tensors)
+        stored = dict(tensors)
+        names = sorted(stored)
         per = -(-len(names) // max(shards, 1))
-        parts = ({n: tensors[n] for n in names[k : k + per]} for k in range(0, len(names), per))
+        parts = ({n: stored[n] for n in names[k : k + per]} for k in range(0, len(names), per))
     _write_shards(directory, parts)
     return directory
 

@@ -1,0 +1,21 @@
+"""The load benchmark's checkpoint and accounting at toy size: resident bytes equal the disk bytes except for
+``wo_a``, which the loader dequantizes (FP8 + scale on disk, bf16 in memory)."""
+
+import torch
+
+from atom.bench.load import measure, report, scaled_config, synthetic_tensors
+from atom.models.deepseek_v4.checkpoint import hf_config, write_checkpoint
+
+
+def test_the_synthetic_release_checkpoint_loads_and_its_bytes_are_accounted(tmp_path):
+    cfg = scaled_config(256, 4)
+    write_checkpoint(tmp_path, hf_config(cfg, fp8=True, fp4_experts=True), synthetic_tensors(cfg),
+                     shard_bytes=1 << 20)
+    r = measure(tmp_path, torch.bfloat16)
+    assert r["shards"] > 2
+    wo_a = cfg.o_groups * cfg.o_lora_rank * (cfg.n_heads * cfg.head_dim // cfg.o_groups)
+    wo_a_scales = -(-cfg.o_groups * cfg.o_lora_rank // 128) * -(-cfg.n_heads * cfg.head_dim // cfg.o_groups // 128)
+    blocks = cfg.n_layers + cfg.n_mtp_layers
+    assert r["resident_bytes"] == r["disk_tensor_bytes"] + blocks * (wo_a - wo_a_scales)
+    assert r["largest_tensor_bytes"] == cfg.vocab_size * cfg.dim * 2  # the bf16 embedding / head
+    assert "resident parameters" in report(r) and "peak RSS" in report(r)
