@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from dsv4_testlib import tokens
+from support.dsv4 import tokens
 
 from atom.models.deepseek_v4 import DeepseekV4Config
 from atom.models.deepseek_v4.checkpoint import read_tensors
