@@ -22,6 +22,8 @@ from atom.kv_group import CSA_OVERLAP_ROWS, CSA_STATE_RING, HCA_STATE_ROWS, is_c
 
 __all__ = [
     "KV_ROW_FORMATS",
+    "KV_CACHE_DTYPES",
+    "INDEX_FORMAT_OF",
     "Dsv4KvSpec",
     "CacheConfig",
     "SchedulerConfig",
@@ -42,6 +44,13 @@ KV_ROW_FORMATS = ("fp8_ds_mla", "bf16", "fp32")
 DTYPES = ("auto", "bfloat16", "float32")
 QUANT_SIM = ("auto", "on", "off")
 _DEVICE = re.compile(r"auto|cpu|(cuda|rocm)(:\d+)?")
+#: Indexer-key format stored with each row format: ``fp8`` = index_head_dim e4m3 values + one fp32
+#: power-of-two scale (132 B at index_head_dim 128).
+INDEX_FORMAT_OF = {"fp8_ds_mla": "fp8", "bf16": "bf16", "fp32": "fp32"}
+
+#: ``--kv-cache-dtype`` choices: ``auto`` (fp8 on a GPU for a quantized checkpoint, else fp32) or the
+#: row format to store (``fp8`` = ``fp8_ds_mla`` rows with FP8 indexer keys).
+KV_CACHE_DTYPES = ("auto", "fp8", "bf16", "fp32")
 
 _FP32 = 4
 
@@ -57,7 +66,10 @@ class Dsv4KvSpec:
     only, 4 = CSA (overlapping compressor + lightning indexer), anything else = HCA. Every layer
     has the sliding-window branch. ``block_size`` (tokens per logical block) must be a multiple of
     every non-zero ratio so that a block boundary is also a compression boundary; it defaults to
-    their least common multiple.
+    their least common multiple. ``row_format`` names the main (SWA and compressed) rows; indexer keys
+    use :data:`INDEX_FORMAT_OF` of it. ``fp8_block`` is the NoPE values per ue8m0 scale of an
+    ``fp8_ds_mla`` row (the model's FP8 activation block, which the model declares); 0 = the
+    model's rule: 64 as released, 8 when the NoPE width is not a multiple of 64.
     """
 
     compress_ratios: tuple[int, ...]
@@ -68,6 +80,7 @@ class Dsv4KvSpec:
     row_format: str = "fp8_ds_mla"
     num_mtp_layers: int = 0
     block_size: int = 0  # 0 = the smallest valid multiple of the ratios' lcm
+    fp8_block: int = 0  # 0 = 64, or 8 when head_dim - rope_head_dim is not a multiple of 64
 
     def __post_init__(self) -> None:
         ratios = tuple(self.compress_ratios)
@@ -85,6 +98,16 @@ class Dsv4KvSpec:
             raise ValueError(f"rope_head_dim={self.rope_head_dim} exceeds head_dim={self.head_dim}")
         if self.row_format not in KV_ROW_FORMATS:
             raise ValueError(f"row_format={self.row_format!r}; accepted: {', '.join(KV_ROW_FORMATS)}")
+        require_int("fp8_block", self.fp8_block, 0, note="0 = the model's rule")
+        nope = self.head_dim - self.rope_head_dim
+        if self.fp8_block == 0:
+            object.__setattr__(self, "fp8_block", 64 if nope % 64 == 0 else 8)
+        if self.row_format == "fp8_ds_mla":
+            if nope % self.fp8_block or nope % 2:
+                raise ValueError(f"fp8_ds_mla rows need an even NoPE width divisible by fp8_block={self.fp8_block}; "
+                                 f"head_dim - rope_head_dim = {nope}")
+            if self.index_head_dim % 4:
+                raise ValueError(f"fp8 indexer keys need index_head_dim divisible by 4, got {self.index_head_dim}")
         if self.num_mtp_layers >= len(ratios):
             raise ValueError(f"num_mtp_layers={self.num_mtp_layers} leaves no main layer in {len(ratios)} ratios")
         lcm = self.ratio_lcm
@@ -121,18 +144,23 @@ class Dsv4KvSpec:
     @property
     def main_row_bytes(self) -> int:
         """One SWA or compressed KV row of one layer."""
-        if self.row_format == "fp8_ds_mla":
+        if self.row_format == "fp8_ds_mla":  # fp8 NoPE | bf16 RoPE | one ue8m0 byte per block | pad to 8
             nope = self.head_dim - self.rope_head_dim
-            raw = nope + 2 * self.rope_head_dim + math.ceil(nope / 64)
+            raw = nope + 2 * self.rope_head_dim + nope // self.fp8_block
             return -(-raw // 8) * 8
         return self.head_dim * (2 if self.row_format == "bf16" else 4)
 
     @property
+    def index_format(self) -> str:
+        """Format of the indexer keys stored with these rows (``fp8`` / ``bf16`` / ``fp32``)."""
+        return INDEX_FORMAT_OF[self.row_format]
+
+    @property
     def index_row_bytes(self) -> int:
         """One lightning-indexer key row of one CSA layer."""
-        if self.row_format == "fp8_ds_mla":
+        if self.index_format == "fp8":  # e4m3 values | one fp32 scale
             return self.index_head_dim + _FP32
-        return self.index_head_dim * (2 if self.row_format == "bf16" else 4)
+        return self.index_head_dim * (2 if self.index_format == "bf16" else 4)
 
     @property
     def csa_state_bytes(self) -> int:
@@ -233,6 +261,7 @@ class CacheConfig:
     ``packing_target`` efficiency or better, trying up to ``max_chunk_pages``). Retention settings
     come from the environment through :meth:`from_env` (``ATOM_SWA_FULL_RETAIN``,
     ``ATOM_SWA_RETENTION_INTERVAL``, ``ATOM_SWA_PIN_FRACTION``) and are plain fields afterwards.
+    ``kv_cache_dtype`` picks the row format stored in the arena (:data:`KV_CACHE_DTYPES`).
     """
 
     kv_cache_bytes: int = 1 << 30
@@ -244,9 +273,12 @@ class CacheConfig:
     chunk_pages: int = 0
     packing_target: float = 0.985
     max_chunk_pages: int = 8
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         require_int("kv_cache_bytes", self.kv_cache_bytes, 1)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}; accepted: {', '.join(KV_CACHE_DTYPES)}")
         require_int("block_size", self.block_size, 0, note="0 = the model's own")
         require_int("swa_retention_interval", self.swa_retention_interval, 0)
         require_int("chunk_pages", self.chunk_pages, 0, note="0 = choose")

@@ -51,10 +51,13 @@ OPS: dict[str, tuple[str, str, str]] = {
     "build_paged_index": ("paged_index", "build_paged_index", "build_paged_index_ref"),
     "build_split_window_index": ("extend_index", "build_split_window_index", "build_split_window_index_ref"),
     "sparse_attention": ("sparse_attention", "sparse_attention", "sparse_attention_ref"),
+    "index_score": ("index_score", "index_score", "index_score_ref"),
     "fp8_ds_mla_quantize": ("fp8_ds_mla", "fp8_ds_mla_quantize", "fp8_ds_mla_quantize_ref"),
     "fp8_ds_mla_dequantize": ("fp8_ds_mla", "fp8_ds_mla_dequantize", "fp8_ds_mla_dequantize_ref"),
     "fp8_block_gemm": ("fp8_gemm", "fp8_block_gemm", "fp8_block_gemm_ref"),
     "mxfp4_gemm": ("mxfp4_gemm", "mxfp4_gemm", "mxfp4_gemm_ref"),
+    "fp8_index_key_quantize": ("fp8_index_key", "fp8_index_key_quantize", "fp8_index_key_quantize_ref"),
+    "fp8_index_key_dequantize": ("fp8_index_key", "fp8_index_key_dequantize", "fp8_index_key_dequantize_ref"),
 }
 
 _AITER: dict[str, Callable] = {}

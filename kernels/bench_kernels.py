@@ -6,7 +6,10 @@ Measures, with the compiled Triton kernels and ``triton.testing.do_bench`` (CUDA
   full-retain prefill), ``compressor_state_update``, ``csa_boundary_capture`` / ``restore``,
   ``hca_state_update`` (the HCA online accumulator) and the index builders;
 * sparse decode attention time per token at 8K and 128K context, real V4-Flash geometry (head_dim
-  512, 64 heads, window 128, CSA top-k 512; HCA attends every completed entry, ctx / 128);
+  512, 64 heads, window 128, CSA top-k 512; HCA attends every completed entry, ctx / 128), on bf16
+  rows and on 584-byte ``fp8_ds_mla`` rows decoded inside the kernel (batch 64, 128K context: GB/s of
+  row bytes read, to compare with the device's HBM bandwidth), and the fp8 encode-on-write
+  ``swa_write``;
 * with ``--gemm`` instead, the quantized-weight GEMMs (``fp8_block_gemm``, ``mxfp4_gemm``) in TFLOP/s
   (2 M N K / time) and weight GB/s at V4-Flash shapes, bf16 activations, decode to prefill batch sizes,
   next to a bf16 ``torch.matmul`` of the same shape.
@@ -187,6 +190,35 @@ def bench_gemm(dev: str) -> list[dict]:
                 ms = _time_ms(fn)
                 res.append({"kernel": f"{label} M={m} N={n} K={k}", "ms": round(ms, 4),
                             "TFLOP/s": round(flop / ms / 1e9, 2), "GB/s": round(wbytes / ms / 1e6, 1)})
+def bench_fp8_rows(dev: str) -> list[dict]:
+    """fp8_ds_mla rows: encode-on-write decode ``swa_write`` and decode attention reading byte rows."""
+    from .fp8_ds_mla import DSV4_LAYOUT, fp8_ds_mla_quantize
+    from .sparse_attention import sparse_attention
+    from .swa_write import swa_write
+
+    rb = DSV4_LAYOUT.row_bytes
+    rows = torch.empty(4096 * ROW_STRIDE, rb, dtype=torch.uint8, device=dev)
+    tab = _table(256, 16, dev)
+    k = torch.randn(256, D, dtype=torch.bfloat16, device=dev)
+    seq = torch.arange(256, dtype=torch.int32, device=dev)
+    pos = torch.full((256,), 1000, dtype=torch.int32, device=dev)
+    res = [_row("swa_write decode 256 tok fp8_ds_mla (encode on write)",
+                _time_ms(lambda: swa_write(k, rows, tab, seq, pos, block_size=BS, row_stride=ROW_STRIDE,
+                                           codec=DSV4_LAYOUT)), k.numel() * 2 + 256 * rb)]
+    n_comp = 1 << 20  # 584 MiB of compressed rows: random picks miss every cache
+    crows = torch.empty(n_comp, rb, dtype=torch.uint8, device=dev)
+    for i in range(0, n_comp, 1 << 16):
+        fp8_ds_mla_quantize(torch.randn(1 << 16, D, dtype=torch.bfloat16, device=dev), crows[i:i + (1 << 16)])
+    wrows = crows[: 64 * ROW_STRIDE]
+    sink = torch.randn(H, device=dev)
+    ctx, tokens = 128 * 1024, 64
+    for group, kc in (("c4", TOPK), ("hca", ctx // 128)):
+        q = torch.randn(tokens, H, D, dtype=torch.bfloat16, device=dev)
+        widx = torch.randint(0, wrows.shape[0], (tokens, WINDOW), dtype=torch.int32, device=dev)
+        cidx = torch.randint(0, n_comp, (tokens, kc), dtype=torch.int32, device=dev)
+        ms = _time_ms(lambda: sparse_attention(q, wrows, widx, crows, cidx, sink, scale=D ** -0.5, codec=DSV4_LAYOUT))
+        res.append(_row(f"sparse decode attn fp8_ds_mla {group} ctx {ctx // 1024}K, batch {tokens}", ms,
+                        tokens * (WINDOW + kc) * rb, per=tokens))
     return res
 
 
@@ -200,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     rows = []
-    kv_benches = (bench_swa_write, bench_compressor_state, bench_hca_state, bench_index, bench_attention)
+    kv_benches = (bench_swa_write, bench_compressor_state, bench_hca_state, bench_index, bench_attention,
+                  bench_fp8_rows)
     for bench in (bench_gemm,) if args.gemm else kv_benches:
         rows += bench("cuda")
     print(f"device: {torch.cuda.get_device_name()}")

@@ -11,6 +11,10 @@ the layer's row view is::
 The same formula, applied to the indexer-key row view, places the CSA indexer keys: call the
 function once for the main rows and once for the indexer keys, with the same table and indices.
 
+Row formats: plain fp32/bf16 rows (``codec=None``, copied) or uint8 byte rows of ``fp8_ds_mla`` (main
+rows) or FP8 indexer keys, named by ``codec``; fp32/bf16 ``entries`` are then encoded in registers on
+the way in (see :mod:`atom.kernels.kv_rows`).
+
 Sentinels: ``comp_table`` -1 = no page (entry skipped, never a page-0 fallback); ``seq_idx`` or
 ``entry_idx`` -1 = padding (skipped). Each destination row is written at most once per call.
 """
@@ -19,16 +23,16 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (HAS_TRITON, check_comp_geometry, check_index, check_range, check_rows, check_same_device,
-                      compressed_row, launch_tiles, max_comp_page, require_triton, triton, tl)
+from ._common import (HAS_TRITON, check_comp_geometry, check_index, check_range, check_same_device, compressed_row,
+                      launch_tiles, max_comp_page, require_triton, triton, tl)
+from .kv_rows import RowCodec, check_value_rows, codec_constexprs, encode_rows_ref
 
 __all__ = ["compressed_write", "compressed_write_ref"]
 
 
-def _check(entries, rows, comp_table, seq_idx, entry_idx, epb, k, chunk_rows) -> None:
+def _check(entries, rows, comp_table, seq_idx, entry_idx, epb, k, chunk_rows, codec) -> None:
     check_comp_geometry(epb, k, chunk_rows)
-    check_rows("rows", rows)
-    check_rows("entries", entries, dtype=rows.dtype, width=rows.shape[1])
+    check_value_rows("rows", rows, "entries", entries, codec)
     check_index("comp_table", comp_table, (None, None))
     check_index("seq_idx", seq_idx, (entries.shape[0],))
     check_index("entry_idx", entry_idx, (entries.shape[0],))
@@ -43,25 +47,27 @@ def _check(entries, rows, comp_table, seq_idx, entry_idx, epb, k, chunk_rows) ->
 
 def compressed_write_ref(entries: torch.Tensor, rows: torch.Tensor, comp_table: torch.Tensor,
                          seq_idx: torch.Tensor, entry_idx: torch.Tensor, *, entries_per_block: int,
-                         pages_per_chunk: int, chunk_rows: int) -> None:
+                         pages_per_chunk: int, chunk_rows: int, codec: RowCodec = None) -> None:
     """Torch reference of :func:`compressed_write` (same contract)."""
-    _check(entries, rows, comp_table, seq_idx, entry_idx, entries_per_block, pages_per_chunk, chunk_rows)
+    _check(entries, rows, comp_table, seq_idx, entry_idx, entries_per_block, pages_per_chunk, chunk_rows, codec)
     tok = ((seq_idx >= 0) & (entry_idx >= 0)).nonzero().squeeze(1)
     ent = entry_idx[tok].long()
     page = comp_table[seq_idx[tok].long(), ent // entries_per_block]
     keep = page >= 0
     dst = compressed_row(page[keep], ent[keep] % entries_per_block, entries_per_block, pages_per_chunk,
                          chunk_rows)
-    rows[dst] = entries[tok[keep]]
+    rows[dst] = encode_rows_ref(entries[tok[keep]], codec)
 
 
 if HAS_TRITON:
-    from ._common import copy_rows
+    from .kv_rows import store_rows
 
     @triton.jit
     def _compressed_write_kernel(src_ptr, rows_ptr, table_ptr, seq_ptr, ent_ptr, n, width, src_stride,
                                  rows_stride, table_stride, epb, pages_per_chunk, chunk_rows,
-                                 BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+                                 BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, FMT: tl.constexpr, NOPE: tl.constexpr,
+                                 ROPE: tl.constexpr, QBLOCK: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr,
+                                 X_IS_BF16: tl.constexpr):
         t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         ok = t < n
         seq = tl.load(seq_ptr + t, mask=ok, other=-1)
@@ -71,25 +77,29 @@ if HAS_TRITON:
         ok = ok & (page >= 0)
         page = page.to(tl.int64)
         row = (page // pages_per_chunk) * chunk_rows + (page % pages_per_chunk) * epb + ent % epb
-        copy_rows(src_ptr, t.to(tl.int64) * src_stride, rows_ptr, row * rows_stride, ok, width, BLOCK_W)
+        store_rows(src_ptr, t.to(tl.int64) * src_stride, rows_ptr, row * rows_stride, ok, width, BLOCK_W, FMT, NOPE,
+                   ROPE, QBLOCK, PAD, PAD_P2, X_IS_BF16)
 
 
 def compressed_write(entries: torch.Tensor, rows: torch.Tensor, comp_table: torch.Tensor, seq_idx: torch.Tensor,
                      entry_idx: torch.Tensor, *, entries_per_block: int, pages_per_chunk: int,
-                     chunk_rows: int) -> None:
+                     chunk_rows: int, codec: RowCodec = None) -> None:
     """Write ``entries[n]`` as entry ``entry_idx[n]`` of sequence ``seq_idx[n]``.
 
     Args:
         entries: ``[num_entries, width]`` finished compressed rows (main rows or indexer keys), same
-            dtype as ``rows``, inner dim contiguous.
-        rows: ``[num_rows, width]`` the layer's compressed (or indexer-key) row view.
+            dtype as ``rows`` (fp32/bf16 values of ``codec``'s width for a byte view), inner dim contiguous.
+        rows: ``[num_rows, width]`` the layer's compressed (or indexer-key) row view; uint8
+            ``[num_rows, codec.row_bytes]`` for FP8 rows, encoded on the way in.
         comp_table: int32 ``[num_seqs, max_blocks]`` compressed page per logical block, -1 = none.
         seq_idx, entry_idx: int32 ``[num_entries]``; -1 in either marks padding.
         entries_per_block: ``block_size // ratio``; pages_per_chunk, chunk_rows: the chunk packing.
+        codec: None for plain rows, else the FP8 layout of the byte rows (``Fp8DsMlaLayout`` or
+            ``Fp8IndexKeyLayout``).
 
     Raises ValueError before launch on a wrong dtype, shape, layout or out-of-range value.
     """
-    _check(entries, rows, comp_table, seq_idx, entry_idx, entries_per_block, pages_per_chunk, chunk_rows)
+    _check(entries, rows, comp_table, seq_idx, entry_idx, entries_per_block, pages_per_chunk, chunk_rows, codec)
     require_triton("compressed_write")
     if entries.shape[0] == 0:
         return
@@ -97,4 +107,5 @@ def compressed_write(entries: torch.Tensor, rows: torch.Tensor, comp_table: torc
     grid = (triton.cdiv(entries.shape[0], bt),)
     _compressed_write_kernel[grid](entries, rows, comp_table, seq_idx, entry_idx, entries.shape[0],
                                    entries.shape[1], entries.stride(0), rows.stride(0), comp_table.stride(0),
-                                   entries_per_block, pages_per_chunk, chunk_rows, BLOCK_T=bt, BLOCK_W=bw)
+                                   entries_per_block, pages_per_chunk, chunk_rows, BLOCK_T=bt, BLOCK_W=bw,
+                                   **codec_constexprs(codec, entries))

@@ -137,18 +137,19 @@ if HAS_TRITON:
         return (mag | (sign.to(tl.int32) << 7)).to(tl.uint8)
 
     @triton.jit
-    def _quant_kernel(x_ptr, out_ptr, n, x_stride, out_stride, NOPE: tl.constexpr, ROPE: tl.constexpr,
-                      QBLOCK: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr, BLOCK_R: tl.constexpr,
-                      X_IS_BF16: tl.constexpr):
-        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        rm = r < n
-        xo = r.to(tl.int64) * x_stride
-        oo = r.to(tl.int64) * out_stride
+    def ue8m0_exponent(amax):
+        """ceil(log2(max(amax, 1e-4) / 448)) from the fp32 bits (int32), as :func:`_block_exponent`."""
+        v = (tl.maximum(amax, 1e-4) / 448.0).to(tl.int32, bitcast=True)
+        return ((v >> 23) & 0xFF) - 127 + ((v & 0x7FFFFF) != 0).to(tl.int32)
+
+    @triton.jit
+    def store_ds_mla_rows(x_ptr, xo, out_ptr, oo, rm, NOPE: tl.constexpr, ROPE: tl.constexpr,
+                          QBLOCK: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr, X_IS_BF16: tl.constexpr):
+        """Encode the rows starting at ``x_ptr + xo[i]`` into the byte rows at ``out_ptr + oo[i]`` (rows with rm)."""
         c = tl.arange(0, QBLOCK)
         for b in tl.static_range(NOPE // QBLOCK):
             x = tl.load(x_ptr + xo[:, None] + b * QBLOCK + c[None, :], mask=rm[:, None], other=0.0).to(tl.float32)
-            v = (tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4) / 448.0).to(tl.int32, bitcast=True)
-            e = ((v >> 23) & 0xFF) - 127 + ((v & 0x7FFFFF) != 0).to(tl.int32)
+            e = ue8m0_exponent(tl.max(tl.abs(x), axis=1))
             inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
             tl.store(out_ptr + oo[:, None] + b * QBLOCK + c[None, :], _e4m3_bits(x * inv[:, None]), mask=rm[:, None])
             tl.store(out_ptr + oo + 2 * ROPE + NOPE + b, (e + 127).to(tl.uint8), mask=rm)
@@ -166,7 +167,34 @@ if HAS_TRITON:
         if PAD > 0:
             p = tl.arange(0, PAD_P2)
             tl.store(out_ptr + oo[:, None] + NOPE + 2 * ROPE + NOPE // QBLOCK + p[None, :],
-                     tl.zeros([BLOCK_R, PAD_P2], dtype=tl.uint8), mask=rm[:, None] & (p[None, :] < PAD))
+                     tl.zeros([xo.shape[0], PAD_P2], dtype=tl.uint8), mask=rm[:, None] & (p[None, :] < PAD))
+
+    @triton.jit
+    def load_ds_mla_tile(rows_ptr, ro, valid, d, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr):
+        """fp32 ``[len(ro), len(d)]``: dims ``d`` of the byte rows at ``rows_ptr + ro[i]``, decoded in registers.
+
+        Rows without ``valid`` and dims ``d >= NOPE + ROPE`` read as 0."""
+        nope = d < NOPE
+        rope = (d >= NOPE) & (d < NOPE + ROPE)
+        mn = valid[:, None] & nope[None, :]
+        q = tl.load(rows_ptr + ro[:, None] + d[None, :], mask=mn, other=0)
+        e = tl.load(rows_ptr + ro[:, None] + NOPE + 2 * ROPE + d[None, :] // QBLOCK, mask=mn, other=127)
+        scale = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+        x = q.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+        mr = valid[:, None] & rope[None, :]
+        rb = rows_ptr + ro[:, None] + NOPE + 2 * (d[None, :] - NOPE)
+        lo = tl.load(rb, mask=mr, other=0).to(tl.int32)
+        hi = tl.load(rb + 1, mask=mr, other=0).to(tl.int32)
+        r = ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)  # bf16 bits in the top half of an fp32
+        return tl.where(nope[None, :], x, r)
+
+    @triton.jit
+    def _quant_kernel(x_ptr, out_ptr, n, x_stride, out_stride, NOPE: tl.constexpr, ROPE: tl.constexpr,
+                      QBLOCK: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr, BLOCK_R: tl.constexpr,
+                      X_IS_BF16: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        store_ds_mla_rows(x_ptr, r.to(tl.int64) * x_stride, out_ptr, r.to(tl.int64) * out_stride, r < n,
+                          NOPE, ROPE, QBLOCK, PAD, PAD_P2, X_IS_BF16)
 
     @triton.jit
     def _dequant_kernel(rows_ptr, out_ptr, n, rows_stride, out_stride, NOPE: tl.constexpr, ROPE: tl.constexpr,

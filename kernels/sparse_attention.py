@@ -15,6 +15,11 @@ softmax over blocks of ``BLOCK_N`` indices of each source, started from the sink
 sink, running sum = 1, accumulator = 0). Accumulation is fp32; dots are fp32 with IEEE precision
 (bf16 rows are upcast: the interpreter's bf16 ``tl.dot`` is wrong, see triton_on_cpu.md), which a
 tuned GPU path may relax. Output has ``q``'s dtype.
+
+Row formats: the window and compressed rows are plain rows of ``q``'s dtype (``codec=None``) or uint8
+``fp8_ds_mla`` byte rows (``codec`` = their :class:`~atom.kernels.fp8_ds_mla.Fp8DsMlaLayout`), decoded
+in registers tile by tile (:mod:`atom.kernels.kv_rows`); no dequantized copy of the window or of the
+picked entries is made. Extend rows are always plain values.
 """
 
 from __future__ import annotations
@@ -23,28 +28,35 @@ import torch
 
 from ._common import (HAS_TRITON, check_index, check_range, check_rows, check_same_device, next_pow2,
                       require_triton, triton, tl, value_checks_enabled)
+from .kv_rows import RowCodec, check_value_rows, codec_constexprs, decode_rows_ref, row_width
 
 __all__ = ["sparse_attention", "sparse_attention_ref"]
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _check_source(q, name, rows, idx) -> None:
-    check_rows(f"{name}_rows", rows, dtype=q.dtype, width=q.shape[2])
+def _check_source(q, name, rows, idx, codec: RowCodec = None) -> None:
+    if codec is None:
+        check_rows(f"{name}_rows", rows, dtype=q.dtype, width=q.shape[2])
+    else:
+        check_value_rows(f"{name}_rows", rows, "q", None, codec)
+        if row_width(rows, codec) != q.shape[2]:
+            raise ValueError(f"{name}_rows hold rows of {row_width(rows, codec)} values, q has {q.shape[2]} dims")
     check_index(f"{name}_idx", idx, (q.shape[0], None))
     check_range(f"{name}_idx", idx, -1, rows.shape[0], f"rows of {name}_rows, or -1 = masked")
     check_same_device(q=q, rows=rows, idx=idx)
 
 
-def _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_rows=None, extend_idx=None) -> None:
+def _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_rows=None, extend_idx=None,
+           codec: RowCodec = None) -> None:
     check_rows("q", q, ndim=3, dtypes=_DTYPES)
     num_tokens, heads, dim = q.shape
-    _check_source(q, "window", window_rows, window_idx)
-    for name, rows, idx in (("comp", comp_rows, comp_idx), ("extend", extend_rows, extend_idx)):
+    _check_source(q, "window", window_rows, window_idx, codec)
+    for name, rows, idx, fmt in (("comp", comp_rows, comp_idx, codec), ("extend", extend_rows, extend_idx, None)):
         if (rows is None) != (idx is None):
             raise ValueError(f"{name}_rows and {name}_idx must be given together (or both None)")
         if rows is not None:
-            _check_source(q, name, rows, idx)
+            _check_source(q, name, rows, idx, fmt)
     check_rows("sink", sink, ndim=1, dtype=torch.float32, width=heads)
     if value_checks_enabled() and not bool(torch.isfinite(sink).all()):
         raise ValueError("sink must be finite (it starts the online softmax; -inf would give NaN on empty rows)")
@@ -56,13 +68,13 @@ def _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_
 def sparse_attention_ref(q: torch.Tensor, window_rows: torch.Tensor, window_idx: torch.Tensor,
                          comp_rows: torch.Tensor | None, comp_idx: torch.Tensor | None, sink: torch.Tensor, *,
                          scale: float, extend_rows: torch.Tensor | None = None,
-                         extend_idx: torch.Tensor | None = None) -> torch.Tensor:
+                         extend_idx: torch.Tensor | None = None, codec: RowCodec = None) -> torch.Tensor:
     """Torch reference of :func:`sparse_attention` (same contract), in fp32."""
-    _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_rows, extend_idx)
-    sources = [(window_rows, window_idx), (comp_rows, comp_idx), (extend_rows, extend_idx)]
-    sources = [(rows, idx) for rows, idx in sources if rows is not None]
-    keys = torch.cat([rows[idx.long().clamp(min=0)].float() for rows, idx in sources], dim=1)  # [T, K, D]
-    valid = torch.cat([idx >= 0 for _, idx in sources], dim=1)  # [T, K]
+    _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_rows, extend_idx, codec)
+    sources = [(window_rows, window_idx, codec), (comp_rows, comp_idx, codec), (extend_rows, extend_idx, None)]
+    sources = [src for src in sources if src[0] is not None]
+    keys = torch.cat([_gather(rows, idx, fmt) for rows, idx, fmt in sources], dim=1)  # [T, K, D]
+    valid = torch.cat([idx >= 0 for _, idx, _ in sources], dim=1)  # [T, K]
     keys = keys.masked_fill(~valid[..., None], 0.0)  # a masked slot must not read row 0 (NaN in a NaN arena)
     logits = torch.einsum("thd,tkd->thk", q.float(), keys) * scale
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
@@ -72,19 +84,29 @@ def sparse_attention_ref(q: torch.Tensor, window_rows: torch.Tensor, window_idx:
     return (torch.einsum("thk,tkd->thd", p, keys) / denom[..., None]).to(q.dtype)
 
 
+def _gather(rows: torch.Tensor, idx: torch.Tensor, codec: RowCodec) -> torch.Tensor:
+    """fp32 ``[T, K, D]`` values of ``rows[idx]`` (-1 reads row 0; the caller masks it)."""
+    picked = rows[idx.long().clamp(min=0)]
+    if codec is None:
+        return picked.float()
+    return decode_rows_ref(picked.flatten(0, 1), codec).view(idx.shape[0], idx.shape[1], -1)
+
+
 if HAS_TRITON:
+
+    from .kv_rows import load_rows
 
     @triton.jit
     def _attend_source(q, m_i, l_i, acc, rows_ptr, rows_stride, idx_ptr, n_idx, dim, scale,
-                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr, NOPE: tl.constexpr,
+                       ROPE: tl.constexpr, QBLOCK: tl.constexpr):
         """Fold the rows listed at idx_ptr[0:n_idx] into the online-softmax state (m_i, l_i, acc)."""
         d = tl.arange(0, BLOCK_D)
         for n0 in range(0, n_idx, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             idx = tl.load(idx_ptr + n, mask=n < n_idx, other=-1)
             valid = idx >= 0
-            kv = tl.load(rows_ptr + idx.to(tl.int64)[:, None] * rows_stride + d[None, :],
-                         mask=valid[:, None] & (d[None, :] < dim), other=0.0).to(tl.float32)
+            kv = load_rows(rows_ptr, idx.to(tl.int64) * rows_stride, valid, d, dim, FMT, NOPE, ROPE, QBLOCK)
             s = tl.dot(q, tl.trans(kv), input_precision="ieee") * scale
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -99,7 +121,8 @@ if HAS_TRITON:
     def _sparse_attention_kernel(q_ptr, out_ptr, wrows_ptr, widx_ptr, crows_ptr, cidx_ptr, erows_ptr, eidx_ptr,
                                  sink_ptr, heads, dim, n_win, n_comp, n_ext, q_s0, q_s1, o_s0, o_s1, wrows_stride,
                                  crows_stride, erows_stride, scale, HAS_COMP: tl.constexpr, HAS_EXT: tl.constexpr,
-                                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                                 FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         d = tl.arange(0, BLOCK_D)
@@ -110,13 +133,13 @@ if HAS_TRITON:
         l_i = tl.full([BLOCK_H], 1.0, tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
         m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, wrows_ptr, wrows_stride, widx_ptr + t * n_win, n_win,
-                                       dim, scale, BLOCK_N, BLOCK_D)
+                                       dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK)
         if HAS_COMP:
             m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, crows_ptr, crows_stride, cidx_ptr + t * n_comp,
-                                           n_comp, dim, scale, BLOCK_N, BLOCK_D)
+                                           n_comp, dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK)
         if HAS_EXT:
             m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, erows_ptr, erows_stride, eidx_ptr + t * n_ext,
-                                           n_ext, dim, scale, BLOCK_N, BLOCK_D)
+                                           n_ext, dim, scale, BLOCK_N, BLOCK_D, 0, 1, 1, 1)
         out = acc / l_i[:, None]
         tl.store(out_ptr + t * o_s0 + h[:, None] * o_s1 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=qm)
 
@@ -124,7 +147,7 @@ if HAS_TRITON:
 def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: torch.Tensor,
                      comp_rows: torch.Tensor | None, comp_idx: torch.Tensor | None, sink: torch.Tensor, *,
                      scale: float, extend_rows: torch.Tensor | None = None,
-                     extend_idx: torch.Tensor | None = None) -> torch.Tensor:
+                     extend_idx: torch.Tensor | None = None, codec: RowCodec = None) -> torch.Tensor:
     """Attention of ``q`` over the rows named by two (optionally three) index tensors, with a per-head sink.
 
     Args:
@@ -134,10 +157,12 @@ def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: tor
         sink: fp32 ``[H]`` per-head sink logit. scale: softmax scale (e.g. ``D ** -0.5``).
         extend_rows, extend_idx: optional third source, the step's own K rows ``[T_k, D]`` with int32
             ``[T, We]`` indices (a prefill window split by ``build_split_window_index``).
+        codec: None when window and compressed rows are plain rows of q's dtype; the
+            :class:`Fp8DsMlaLayout` of both when they are uint8 ``fp8_ds_mla`` rows.
 
     Returns ``[T, H, D]`` in q's dtype. Raises ValueError before launch on bad arguments.
     """
-    _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_rows, extend_idx)
+    _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_rows, extend_idx, codec)
     require_triton("sparse_attention")
     num_tokens, heads, dim = q.shape
     out = torch.empty_like(q)
@@ -150,9 +175,10 @@ def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: tor
     block_h = max(16, min(next_pow2(heads), 16 if q.is_cuda else 64))
     block_d = max(16, next_pow2(dim))
     grid = (num_tokens, triton.cdiv(heads, block_h))
+    fmt = {k: v for k, v in codec_constexprs(codec).items() if k in ("FMT", "NOPE", "ROPE", "QBLOCK")}
     _sparse_attention_kernel[grid](q, out, window_rows, window_idx, crows, cidx, erows, eidx, sink, heads, dim,
                                    window_idx.shape[1], cidx.shape[1], eidx.shape[1], q.stride(0), q.stride(1),
                                    out.stride(0), out.stride(1), window_rows.stride(0), crows.stride(0),
                                    erows.stride(0), scale, HAS_COMP=has_comp, HAS_EXT=has_ext, BLOCK_H=block_h,
-                                   BLOCK_N=32 if q.is_cuda else 64, BLOCK_D=block_d)
+                                   BLOCK_N=32 if q.is_cuda else 64, BLOCK_D=block_d, **fmt)
     return out

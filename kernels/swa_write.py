@@ -10,6 +10,10 @@ Sentinels: a table entry of -1 means "no page" and the token is skipped; it is n
 never mapped to page 0. A token with ``seq_idx == -1`` or ``position == -1`` (CUDA-graph padding) is
 skipped too. Each destination row must be written at most once per call.
 
+Row formats: ``rows`` is a plain fp32/bf16 view (``codec=None``, rows are copied) or a uint8 view of
+``fp8_ds_mla`` rows (``codec`` = its :class:`~atom.kernels.fp8_ds_mla.Fp8DsMlaLayout`; ``k`` holds fp32/bf16
+values that are encoded in registers on the way in, see :mod:`atom.kernels.kv_rows`).
+
 Two entry points, each a checked Triton wrapper with a torch reference of the same signature:
 
 * :func:`swa_write` / :func:`swa_write_ref`: per-token ``seq_idx`` and ``positions`` (decode, or
@@ -23,8 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_rows, check_same_device,
-                      check_swa_geometry, launch_tiles, max_swa_page, require_triton, triton, tl)
+from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_same_device, check_swa_geometry,
+                      launch_tiles, max_swa_page, require_triton, triton, tl)
+from .kv_rows import RowCodec, check_value_rows, codec_constexprs, encode_rows_ref
 
 __all__ = ["swa_write", "swa_write_ref", "swa_write_prefill", "swa_write_prefill_ref"]
 
@@ -34,18 +39,17 @@ __all__ = ["swa_write", "swa_write_ref", "swa_write_prefill", "swa_write_prefill
 # ----------------------------------------------------------------------------------------------
 
 def _check_dest(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, block_size: int,
-                row_stride: int) -> None:
+                row_stride: int, codec: RowCodec) -> None:
     check_swa_geometry(block_size, row_stride)
-    check_rows("rows", rows)
-    check_rows("k", k, dtype=rows.dtype, width=rows.shape[1])
+    check_value_rows("rows", rows, "k", k, codec)
     check_index("swa_table", swa_table, (None, None))
     n_pages = max_swa_page(rows.shape[0], block_size, row_stride)
     check_range("swa_table", swa_table, -1, n_pages,
                 f"rows has {rows.shape[0]} rows = {n_pages} pages of row_stride {row_stride}; -1 = no page")
 
 
-def _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride) -> None:
-    _check_dest(k, rows, swa_table, block_size, row_stride)
+def _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride, codec) -> None:
+    _check_dest(k, rows, swa_table, block_size, row_stride, codec)
     check_index("seq_idx", seq_idx, (k.shape[0],))
     check_index("positions", positions, (k.shape[0],))
     check_same_device(k=k, rows=rows, swa_table=swa_table, seq_idx=seq_idx, positions=positions)
@@ -71,8 +75,8 @@ def check_ragged(k_len: int, cu_seqlens: torch.Tensor, pos_start: torch.Tensor, 
     return int(lens.max())
 
 
-def _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window) -> int:
-    _check_dest(k, rows, swa_table, block_size, row_stride)
+def _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window, codec) -> int:
+    _check_dest(k, rows, swa_table, block_size, row_stride, codec)
     check_positive("window", window)
     check_same_device(k=k, rows=rows, swa_table=swa_table, cu_seqlens=cu_seqlens, pos_start=pos_start)
     max_len = check_ragged(k.shape[0], cu_seqlens, pos_start, swa_table.shape[1] * block_size)
@@ -103,28 +107,29 @@ def ragged_tokens(cu_seqlens: torch.Tensor, pos_start: torch.Tensor, keep_last: 
 # torch references
 # ----------------------------------------------------------------------------------------------
 
-def _scatter_ref(k, rows, swa_table, tok, seq, pos, block_size, row_stride) -> None:
+def _scatter_ref(k, rows, swa_table, tok, seq, pos, block_size, row_stride, codec) -> None:
     page = swa_table[seq, pos // block_size].long()
     keep = page >= 0
     dst = page[keep] * row_stride + pos[keep] % block_size
-    rows[dst] = k[tok[keep]]
+    rows[dst] = encode_rows_ref(k[tok[keep]], codec)
 
 
 def swa_write_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
-                  positions: torch.Tensor, *, block_size: int, row_stride: int) -> None:
+                  positions: torch.Tensor, *, block_size: int, row_stride: int, codec: RowCodec = None) -> None:
     """Torch reference of :func:`swa_write` (same contract)."""
-    _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride)
+    _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride, codec)
     tok = ((seq_idx >= 0) & (positions >= 0)).nonzero().squeeze(1)
-    _scatter_ref(k, rows, swa_table, tok, seq_idx[tok].long(), positions[tok].long(), block_size, row_stride)
+    _scatter_ref(k, rows, swa_table, tok, seq_idx[tok].long(), positions[tok].long(), block_size, row_stride,
+                 codec)
 
 
 def swa_write_prefill_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor,
                           cu_seqlens: torch.Tensor, pos_start: torch.Tensor, *, block_size: int,
-                          row_stride: int, window: int, full_retain: bool = False) -> None:
+                          row_stride: int, window: int, full_retain: bool = False, codec: RowCodec = None) -> None:
     """Torch reference of :func:`swa_write_prefill` (same contract)."""
-    _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window)
+    _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window, codec)
     tok, seq, pos = ragged_tokens(cu_seqlens, pos_start, None if full_retain else window)
-    _scatter_ref(k, rows, swa_table, tok, seq, pos, block_size, row_stride)
+    _scatter_ref(k, rows, swa_table, tok, seq, pos, block_size, row_stride, codec)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,12 +137,14 @@ def swa_write_prefill_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.
 # ----------------------------------------------------------------------------------------------
 
 if HAS_TRITON:
-    from ._common import copy_rows
+    from .kv_rows import store_rows
 
     @triton.jit
     def _swa_write_tokens_kernel(k_ptr, rows_ptr, table_ptr, seq_ptr, pos_ptr, num_tokens, width,
                                  k_stride, rows_stride, table_stride, block_size, row_stride,
-                                 BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+                                 BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, FMT: tl.constexpr, NOPE: tl.constexpr,
+                                 ROPE: tl.constexpr, QBLOCK: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr,
+                                 X_IS_BF16: tl.constexpr):
         t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         ok = t < num_tokens
         seq = tl.load(seq_ptr + t, mask=ok, other=-1)
@@ -146,12 +153,15 @@ if HAS_TRITON:
         page = tl.load(table_ptr + seq.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
         ok = ok & (page >= 0)
         dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride
-        copy_rows(k_ptr, t.to(tl.int64) * k_stride, rows_ptr, dst, ok, width, BLOCK_W)
+        store_rows(k_ptr, t.to(tl.int64) * k_stride, rows_ptr, dst, ok, width, BLOCK_W, FMT, NOPE, ROPE, QBLOCK,
+                   PAD, PAD_P2, X_IS_BF16)
 
     @triton.jit
     def _swa_write_prefill_kernel(k_ptr, rows_ptr, table_ptr, cu_ptr, pstart_ptr, width, k_stride,
                                   rows_stride, table_stride, block_size, row_stride, window,
-                                  FULL_RETAIN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+                                  FULL_RETAIN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
+                                  FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr,
+                                  PAD: tl.constexpr, PAD_P2: tl.constexpr, X_IS_BF16: tl.constexpr):
         s = tl.program_id(0)
         start = tl.load(cu_ptr + s)
         n = tl.load(cu_ptr + s + 1) - start
@@ -165,24 +175,28 @@ if HAS_TRITON:
         page = tl.load(table_ptr + s.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
         ok = ok & (page >= 0)
         dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride
-        copy_rows(k_ptr, (start + j).to(tl.int64) * k_stride, rows_ptr, dst, ok, width, BLOCK_W)
+        store_rows(k_ptr, (start + j).to(tl.int64) * k_stride, rows_ptr, dst, ok, width, BLOCK_W, FMT, NOPE, ROPE,
+                   QBLOCK, PAD, PAD_P2, X_IS_BF16)
 
 
 def swa_write(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
-              positions: torch.Tensor, *, block_size: int, row_stride: int) -> None:
+              positions: torch.Tensor, *, block_size: int, row_stride: int, codec: RowCodec = None) -> None:
     """Write ``k[t]`` into the SWA row of token ``t`` (sequence ``seq_idx[t]``, position ``positions[t]``).
 
     Args:
-        k: ``[num_tokens, width]`` new rows, same dtype as ``rows``, inner dim contiguous.
-        rows: ``[num_rows, width]`` the layer's SWA row view (any row stride, inner dim contiguous).
+        k: ``[num_tokens, width]`` new rows, same dtype as ``rows`` (fp32/bf16 values of ``codec``'s width
+            for a byte view), inner dim contiguous.
+        rows: ``[num_rows, width]`` the layer's SWA row view (any row stride, inner dim contiguous); uint8
+            ``[num_rows, codec.row_bytes]`` for ``fp8_ds_mla`` rows, which are encoded on the way in.
         swa_table: int32 ``[num_seqs, max_blocks]`` physical SWA page per logical block, -1 = none.
         seq_idx, positions: int32 ``[num_tokens]``; -1 in either marks a padding token (skipped).
         block_size: tokens per logical block (the position modulus).
         row_stride: physical rows between consecutive SWA pages of the layer (>= block_size).
+        codec: None for plain fp32/bf16 rows, else the :class:`Fp8DsMlaLayout` of the byte rows.
 
     Raises ValueError before launch on a wrong dtype, shape, layout or an out-of-range value.
     """
-    _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride)
+    _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride, codec)
     require_triton("swa_write")
     if k.shape[0] == 0:
         return
@@ -190,19 +204,19 @@ def swa_write(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_
     grid = (triton.cdiv(k.shape[0], bt),)
     _swa_write_tokens_kernel[grid](k, rows, swa_table, seq_idx, positions, k.shape[0], k.shape[1],
                                    k.stride(0), rows.stride(0), swa_table.stride(0), block_size, row_stride,
-                                   BLOCK_T=bt, BLOCK_W=bw)
+                                   BLOCK_T=bt, BLOCK_W=bw, **codec_constexprs(codec, k))
 
 
 def swa_write_prefill(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, cu_seqlens: torch.Tensor,
                       pos_start: torch.Tensor, *, block_size: int, row_stride: int, window: int,
-                      full_retain: bool = False) -> None:
+                      full_retain: bool = False, codec: RowCodec = None) -> None:
     """Write a ragged prefill chunk's K rows into the SWA rows, window-only unless ``full_retain``.
 
     Sequence ``s`` owns tokens ``cu_seqlens[s] .. cu_seqlens[s+1]-1`` of ``k``; its token ``j`` sits
     at position ``pos_start[s] + j``. Without ``full_retain`` only tokens ``j >= len_s - window`` are
     written. ``swa_table`` has one row per sequence. Other arguments as in :func:`swa_write`.
     """
-    max_len = _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window)
+    max_len = _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window, codec)
     require_triton("swa_write_prefill")
     span = max_len if full_retain else min(max_len, window)
     if span == 0:
@@ -211,4 +225,5 @@ def swa_write_prefill(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tens
     grid = (swa_table.shape[0], triton.cdiv(span, bt))
     _swa_write_prefill_kernel[grid](k, rows, swa_table, cu_seqlens, pos_start, k.shape[1], k.stride(0),
                                     rows.stride(0), swa_table.stride(0), block_size, row_stride, window,
-                                    FULL_RETAIN=bool(full_retain), BLOCK_T=bt, BLOCK_W=bw)
+                                    FULL_RETAIN=bool(full_retain), BLOCK_T=bt, BLOCK_W=bw,
+                                    **codec_constexprs(codec, k))

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from atom import envs
-from atom.config import DTYPES, QUANT_SIM, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from atom.config import DTYPES, KV_CACHE_DTYPES, QUANT_SIM, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atom.entrypoints.limits import ServerLimits
 
 __all__ = ["parse_bytes", "add_serve_arguments", "engine_config_from_args", "ServerArgs", "server_args_from",
@@ -115,6 +115,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant-sim", default=dm.quant_sim, choices=list(QUANT_SIM),
                         help="FP8/FP4 round trips of the release on KV rows, indexer and GEMM inputs (default: "
                              "auto = on when the checkpoint declares quantization)")
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=dc.kv_cache_dtype,
+                        help="KV rows stored in the arena: fp8 (fp8_ds_mla rows + FP8 indexer keys), bf16 or fp32; "
+                             "auto = fp8 on a GPU for a quantized checkpoint, else fp32 (default: %(default)s)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="server log level (default: %(default)s)")
     _add_limit_arguments(parser)
@@ -162,7 +165,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
         cache=CacheConfig.from_env(envs.load(), kv_cache_bytes=args.kv_cache_memory, block_size=args.block_size,
-                                   enable_prefix_caching=args.enable_prefix_caching))
+                                   enable_prefix_caching=args.enable_prefix_caching,
+                                   kv_cache_dtype=args.kv_cache_dtype))
 
 
 @dataclass(frozen=True)

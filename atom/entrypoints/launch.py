@@ -102,6 +102,9 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     except (ValueError, OSError) as exc:
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 2
+    from atom.model_executor.engine_builder import describe_kv
+
+    print(f"atom: {describe_kv(engine.engine.runner.views.layout)}", file=sys.stderr, flush=True)
     metrics = ServerMetrics()
     server = Server(build_app(engine, api_key=net.api_key, limits=net.limits, metrics=metrics), net, metrics=metrics)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # see the module docstring

@@ -12,23 +12,49 @@ from pathlib import Path
 from atom import envs
 from atom.config import EngineConfig
 from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.kv_layout import plan_kv_layout
+from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_executor.model_runner import ModelRunner
 from atom.model_executor.placement import resolve_device, resolve_dtype, resolve_model_dir, resolve_quant_sim
 from atom.models.deepseek_v4.checkpoint import load_checkpoint
 
-__all__ = ["build_engine"]
+__all__ = ["build_engine", "resolve_row_format", "describe_kv"]
+
+_ROW_FORMAT_OF_DTYPE = {"fp8": "fp8_ds_mla", "bf16": "bf16", "fp32": "fp32"}
+
+
+def resolve_row_format(kv_cache_dtype: str, *, on_gpu: bool, quantized: bool) -> str:
+    """The arena row format for ``--kv-cache-dtype``: ``auto`` stores fp8 rows on a GPU when the checkpoint
+    is quantized (the release reads its KV back from FP8) and fp32 rows otherwise (the CPU reference)."""
+    if kv_cache_dtype == "auto":
+        kv_cache_dtype = "fp8" if on_gpu and quantized else "fp32"
+    if kv_cache_dtype not in _ROW_FORMAT_OF_DTYPE:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}; accepted: auto, {', '.join(_ROW_FORMAT_OF_DTYPE)}")
+    return _ROW_FORMAT_OF_DTYPE[kv_cache_dtype]
+
+
+def describe_kv(layout: KvLayout) -> str:
+    """One start-up line: the stored formats and the capacity they give."""
+    spec = layout.spec
+    return (f"KV cache {spec.row_format} rows ({spec.main_row_bytes} B) + {spec.index_format} indexer keys "
+            f"({spec.index_row_bytes} B): {layout.num_chunks} chunks of {layout.chunk_bytes} B = "
+            f"{layout.max_swa_pages * spec.block_size:,} SWA tokens or "
+            f"{layout.max_compressed_pages * spec.block_size:,} compressed tokens "
+            f"({layout.arena_bytes / 2**30:.3f} GiB arena)")
 
 
 def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_backend: str | None = None,
-                 batch_invariant: bool = False, poison: bool | None = None) -> LLMEngine:
+                 batch_invariant: bool = False, poison: bool | None = None, quant_sim: bool | None = None) -> LLMEngine:
     """An :class:`LLMEngine` serving ``config.model.path`` (None: the built-in tiny model).
 
     The model is loaded on ``config.model.device`` in ``config.model.dtype`` with its weights kept as
     stored (FP8 / MXFP4), without the MTP block (not served). ``poison`` fills the arena with NaN
     (default: the ``ATOM_DEBUG_NAN_ARENA`` flag).
+    ``quant_sim`` (when given) overrides ``config.model.quant_sim``: it runs
+    the model's FP8/FP4 activation round-trips (with fp8 rows the engine then computes what the
+    reference model with ``quant_sim`` computes). The arena's row format comes from
+    ``config.cache.kv_cache_dtype`` (see :func:`resolve_row_format`).
     """
     from atom.builtin_model import ensure_builtin_model
     from atom.tokenizer import Tokenizer
@@ -43,12 +69,14 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     device = resolve_device(mc.device)
     model = load_checkpoint(model_dir, dtype=resolve_dtype(mc.dtype, device), device=device, load_mtp=False,
                             progress=sys.stderr.isatty(), batch_invariant=batch_invariant,
-                            quant_sim=resolve_quant_sim(mc.quant_sim, model_dir))
+                            quant_sim=resolve_quant_sim(mc.quant_sim, model_dir) if quant_sim is None else quant_sim)
     tokenizer = Tokenizer.from_dir(model_dir)
     if tokenizer.vocab_size > model.cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model.cfg.vocab_size}")
-    # the main layers only (MTP is not served), fp32 rows on the CPU path
-    spec = model.cfg.kv_spec("fp32", include_mtp=False, block_size=config.cache.block_size)
+    row_format = resolve_row_format(config.cache.kv_cache_dtype, on_gpu=model.embed.weight.device.type != "cpu",
+                                    quantized="quantization_config" in model.cfg.extra)
+    # the main layers only (MTP is not served)
+    spec = model.cfg.kv_spec(row_format, include_mtp=False, block_size=config.cache.block_size)
     layout = plan_kv_layout(spec, config.cache, config.scheduler)
     bm = BlockManager(layout, config.cache)
     scheduler = Scheduler(config.scheduler, bm, eos_token_id=tokenizer.eos_token_id)

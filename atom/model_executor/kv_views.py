@@ -17,9 +17,12 @@ page): page ``p`` starts at byte ``p * state_page_bytes`` (state pages tile chun
 part at its offset inside the page (:mod:`atom.model_engine.state_layout`). A view spans every
 page of the buffer; only pages of chunks the state owner holds are ever addressed.
 
-Rows are stored in the layout's row format; this engine runs the ``fp32`` format (the CPU reference
-path) and ``bf16``. With ``poison`` the buffer starts as NaN, so any read of memory that no step
-wrote shows in the outputs.
+Rows are stored in the layout's row format: ``fp32`` / ``bf16`` views of values, or, for ``fp8_ds_mla``,
+uint8 byte views (SWA and compressed rows in ``fp8_ds_mla``, indexer keys in the FP8 key format) that
+the kernels encode and decode with the codecs in :attr:`KvViews.main_codec` / :attr:`KvViews.index_codec`.
+Compressor state (the CSA boundary state, the rings, the HCA accumulator) is not KV: it stays fp32 in
+every format. With ``poison`` every byte of the buffer starts as 0xFF (NaN as fp32, bf16 and e4m3),
+so any read of memory that no step wrote shows in the outputs.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
+from atom.kernels.fp8_ds_mla import Fp8DsMlaLayout
+from atom.kernels.fp8_index_key import Fp8IndexKeyLayout
 from atom.kv_group import CSA_OVERLAP_ROWS, is_csa
 from atom.model_engine.kv_layout import KvLayout, RowRegion
 
-__all__ = ["CsaViews", "KvViews", "bind_kv_arena"]
+__all__ = ["CsaViews", "KvViews", "bind_kv_arena", "row_codecs"]
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8_ds_mla": torch.uint8}
 
 
 @dataclass
@@ -57,6 +62,8 @@ class KvViews:
     state: dict[int, tuple[torch.Tensor, torch.Tensor]]
     index_state: dict[int, tuple[torch.Tensor, torch.Tensor]]
     hca: dict[int, torch.Tensor]
+    main_codec: Fp8DsMlaLayout | None = None  # None: swa / comp views hold values
+    index_codec: Fp8IndexKeyLayout | None = None  # None: index views hold values
 
     def region(self, layer: int, kind: str) -> RowRegion:
         lay = self.layout
@@ -86,6 +93,16 @@ def _state(fp32: torch.Tensor, layout: KvLayout, layer: int) -> dict[str, torch.
             for name, part in layout.state_parts(layer).items()}
 
 
+def row_codecs(spec) -> tuple[Fp8DsMlaLayout | None, Fp8IndexKeyLayout | None]:
+    """The codecs of the main rows and of the indexer keys of ``spec`` (None for value rows)."""
+    if spec.row_format != "fp8_ds_mla":
+        return None, None
+    main = Fp8DsMlaLayout(nope=spec.head_dim - spec.rope_head_dim, rope=spec.rope_head_dim, qblock=spec.fp8_block)
+    index = Fp8IndexKeyLayout(dim=spec.index_head_dim)
+    assert main.row_bytes == spec.main_row_bytes and index.row_bytes == spec.index_row_bytes
+    return main, index
+
+
 def bind_kv_arena(layout: KvLayout, *, poison: bool = False, device: str | torch.device = "cpu") -> KvViews:
     """Allocate the arena buffer (``layout.arena_bytes``); return every view."""
     spec = layout.spec
@@ -95,10 +112,10 @@ def bind_kv_arena(layout: KvLayout, *, poison: bool = False, device: str | torch
     if spec.row_format not in _DTYPES:
         raise ValueError(f"this runner stores rows as {', '.join(_DTYPES)}; the layout uses {spec.row_format!r}")
     dtype = _DTYPES[spec.row_format]
-    elem = torch.finfo(dtype).bits // 8
+    elem = torch.empty((), dtype=dtype).element_size()
     buffer = torch.empty(layout.arena_bytes, dtype=torch.uint8, device=device)
+    buffer.fill_(0xFF if poison else 0)
     fp32 = buffer.view(torch.float32)
-    fp32.fill_(float("nan") if poison else 0.0)
     flat = buffer.view(dtype)
     swa, comp, index, csa, state, index_state, hca = {}, {}, {}, {}, {}, {}, {}
     for layer, ratio in enumerate(spec.compress_ratios):
@@ -114,4 +131,4 @@ def bind_kv_arena(layout: KvLayout, *, poison: bool = False, device: str | torch
             index_state[layer] = (parts["index_kv"], parts["index_score"])
         else:
             hca[layer] = _state(fp32, layout, layer)["hca_acc"]
-    return KvViews(layout, buffer, swa, comp, index, csa, state, index_state, hca)
+    return KvViews(layout, buffer, swa, comp, index, csa, state, index_state, hca, *row_codecs(spec))

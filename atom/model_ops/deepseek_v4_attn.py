@@ -13,15 +13,24 @@ Per layer and step, in this order (each step of it through a kernel of :mod:`ato
    advances the request's online softmax accumulator in position order and yields the pooled row of
    every block the chunk completes (see :mod:`atom.kernels.hca_state`);
 4. ``compressed_write`` the finished entries (and indexer keys) into compress-owned pages;
-5. CSA: lightning-indexer top-k per query over the keys gathered from the arena; index lists from
+5. CSA: ``index_score`` of every query over its candidate keys in the arena, the reference indexer's
+   top-k per query; index lists from
    ``build_window_index`` / ``build_comp_index``; ``sparse_attention`` with the per-head sink;
 6. inverse RoPE and the grouped output projection (``Attention.project_out``).
 
 CSA pooling reuses the reference compressor's ``pool`` / ``finish`` on rows gathered in the same
-order ([previous block's "b" half; this block's "a" half]), and top-k uses the reference indexer's
-``score`` / ``select``, so CSA entries and picks equal the reference model's bit for bit. HCA entries
-differ from the reference's batch softmax by rounding only (within 1e-6 relative in fp32), and are
-bit-identical within the engine however a sequence is split into steps or resumed from a prefix hit.
+order ([previous block's "b" half; this block's "a" half]), ``index_score``'s reference evaluates the
+reference indexer's ``score`` expression and top-k uses its ``select``, so CSA entries and picks equal
+the reference model's bit for bit. HCA entries differ from the reference's batch softmax by rounding
+only (within 1e-6 relative in fp32), and are bit-identical within the engine however a sequence is
+split into steps or resumed from a prefix hit.
+
+Row formats: with value views (fp32 / bf16) rows are written in the view's dtype. With ``fp8_ds_mla``
+byte views (``views.main_codec`` / ``views.index_codec`` set) the writers get the model's fp32/bf16
+rows and encode them, and attention and the indexer score decode rows inside the kernel. With the
+model's ``quant_sim`` on, the rows it produces already went through the same FP8 round-trip (NoPE
+per ``fp8_block``, RoPE in bf16; indexer keys FP4 on a power-of-two grid), so encoding loses nothing
+and the engine computes what the reference model computes.
 """
 
 from __future__ import annotations
@@ -58,9 +67,10 @@ class PagedDeepseekV4Attention:
         rw = self.cfg.batch_invariant
         p: Projections = map_rows(self.attn.project, rw, x, step.positions)
         pos32 = step.positions.to(torch.int32)
-        kv = p.kv.to(self.views.swa[self.layer].dtype).contiguous()
-        self.k.swa_write(kv, self.views.swa[self.layer], tables.swa, step.token_slot, pos32,
-                         block_size=self.block_size, row_stride=self.swa_region.page_rows)
+        main_codec = self.views.main_codec
+        rows = self.views.swa[self.layer]
+        self.k.swa_write(_values(p.kv, rows, main_codec), rows, tables.swa, step.token_slot, pos32,
+                         block_size=self.block_size, row_stride=self.swa_region.page_rows, codec=main_codec)
         comp_idx = None
         if self.ratio and self.attn.indexer is None:
             self._compress_hca(p.comp, step, tables)
@@ -68,18 +78,17 @@ class PagedDeepseekV4Attention:
         elif self.ratio:
             self._prepare_state(step)
             self._compress(self.attn.compressor, p.comp, step, tables, self.views.state[self.layer],
-                           self.views.comp[self.layer], self.comp_region, "main")
+                           self.views.comp[self.layer], self.comp_region, "main", main_codec)
             if self.attn.indexer is not None:
                 self._compress(self.attn.indexer.compressor, p.index_comp, step, tables,
                                self.views.index_state[self.layer], self.views.index[self.layer],
-                               self.index_region, "index")
+                               self.index_region, "index", self.views.index_codec)
             comp_idx = self._comp_index(p, step, tables, pos32)
         window_idx = self.k.build_window_index(tables.swa, step.token_slot, pos32, window=self.cfg.window_size,
                                                block_size=self.block_size, row_stride=self.swa_region.page_rows)
-        rows = self.views.swa[self.layer]
-        o = self.k.sparse_attention(p.q.to(rows.dtype).contiguous(), rows, window_idx,
+        o = self.k.sparse_attention(_values(p.q, rows, main_codec), rows, window_idx,
                                     None if comp_idx is None else self.views.comp[self.layer], comp_idx,
-                                    self.attn.attn_sink.float(), scale=float(self.attn.scale))
+                                    self.attn.attn_sink.float(), scale=float(self.attn.scale), codec=main_codec)
         return map_rows(self.attn.project_out, rw, o.to(x.dtype), step.positions)
 
     # ---- compressor state ---------------------------------------------------------------------
@@ -120,17 +129,17 @@ class PagedDeepseekV4Attention:
 
     def _write_entries(self, entries: torch.Tensor, seq_of: list[int], entry_ids: list[int],
                        tables: PageTables) -> None:
-        out_rows, region = self.views.comp[self.layer], self.comp_region
+        out_rows, region, codec = self.views.comp[self.layer], self.comp_region, self.views.main_codec
         dev = out_rows.device
-        self.k.compressed_write(entries.to(out_rows.dtype).contiguous(), out_rows, tables.comp,
+        self.k.compressed_write(_values(entries, out_rows, codec), out_rows, tables.comp,
                                 torch.tensor(seq_of, dtype=torch.int32, device=dev),
                                 torch.tensor(entry_ids, dtype=torch.int32, device=dev),
                                 entries_per_block=region.used_rows, pages_per_chunk=region.pages_per_chunk,
-                                chunk_rows=region.chunk_rows)
+                                chunk_rows=region.chunk_rows, codec=codec)
 
     def _compress(self, comp: Compressor, rows: tuple[torch.Tensor, torch.Tensor], step: StepInputs,
                   tables: PageTables, state: tuple[torch.Tensor, torch.Tensor], out_rows: torch.Tensor,
-                  region, which: str) -> None:
+                  region, which: str, codec) -> None:
         kv, score = rows
         entries, seq_of, entry_ids = [], [], []
         for s, (slot, row) in enumerate(zip(step.slots.tolist(), step.rows.tolist())):
@@ -153,9 +162,10 @@ class PagedDeepseekV4Attention:
             dev = out_rows.device
             seq_t = torch.tensor(seq_of, dtype=torch.int32, device=dev)
             entry_t = torch.tensor(entry_ids, dtype=torch.int32, device=dev)
-            self.k.compressed_write(torch.stack(entries).to(out_rows.dtype).contiguous(), out_rows, tables.comp,
+            self.k.compressed_write(_values(torch.stack(entries), out_rows, codec), out_rows, tables.comp,
                                     seq_t, entry_t, entries_per_block=region.used_rows,
-                                    pages_per_chunk=region.pages_per_chunk, chunk_rows=region.chunk_rows)
+                                    pages_per_chunk=region.pages_per_chunk, chunk_rows=region.chunk_rows,
+                                    codec=codec)
 
     def _entries(self, comp: Compressor, kv: torch.Tensor, score: torch.Tensor, start: int,
                  ring_kv: torch.Tensor, ring_score: torch.Tensor):
@@ -204,14 +214,20 @@ class PagedDeepseekV4Attention:
         key_rows = self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=n_max, ratio=4,
                                            entries_per_block=reg.used_rows, pages_per_chunk=reg.pages_per_chunk,
                                            chunk_rows=reg.chunk_rows)
-        keys_view = self.views.index[self.layer]
+        scores = self.k.index_score(p.index_q.contiguous(), p.index_w.contiguous(), self.views.index[self.layer],
+                                    key_rows, codec=self.views.index_codec)
         topk = self.cfg.index_topk
         out = torch.full((step.positions.shape[0], topk), -1, dtype=torch.int32, device=step.positions.device)
         for t, pos in enumerate(step.positions.tolist()):
             n = (pos + 1) // 4
             if n == 0:
                 continue
-            keys = keys_view[key_rows[t, :n].long()]
-            chosen = indexer.select(indexer.score(p.index_q[t], p.index_w[t], keys), topk)
+            chosen = indexer.select(scores[t, :n], topk)
             out[t, : chosen.numel()] = chosen.to(torch.int32)
         return out
+
+
+def _values(x: torch.Tensor, rows: torch.Tensor, codec) -> torch.Tensor:
+    """``x`` as the values a writer / reader of ``rows`` takes: the view's dtype for value rows, the
+    model's own fp32/bf16 for byte rows (the kernel encodes them)."""
+    return (x if codec is not None else x.to(rows.dtype)).contiguous()

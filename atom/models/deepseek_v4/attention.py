@@ -4,7 +4,8 @@ Per token at position t (``x`` = the block's normalised input):
 
 * ``project_q``: ``qr = q_norm(wq_a(x))``; ``q = wq_b(qr)`` as ``[H, c]``, per-head RMS norm without weight, RoPE
   on the last ``rope_head_dim`` dims.  Returns ``(q, qr)``; the indexer reuses ``qr``.
-* ``project_kv``: ``kv = kv_norm(wkv(x))``, RoPE on the tail, FP8 round-trip of the NoPE dims when ``quant_sim``.
+* ``project_kv``: ``kv = kv_norm(wkv(x))``, RoPE on the tail, FP8 round-trip of the NoPE dims and bf16 round-trip of
+  the RoPE dims when ``quant_sim``.
   This row is what the SWA ring stores and what attention reads as both key and value.
 * rows of query t: window rows of positions ``max(0, t-W+1) .. t`` (oldest first, own row included), then the
   compressed entries (CSA: indexer picks, ascending; HCA: all ``i < (t+1)//m``).
@@ -30,7 +31,7 @@ from .compressor import Compressor
 from .config import DeepseekV4Config
 from .indexer import Indexer
 from .layers import Linear, RMSNorm, map_rows, rms_normalize
-from .quant import fp8_roundtrip
+from .quant import kv_row_roundtrip
 from .rope import apply_rope, layer_frequencies
 
 
@@ -95,8 +96,7 @@ class Attention(nn.Module):
         """The shared K=V rows ``[T, c]`` exactly as cached (normed, rotated, round-tripped)."""
         kv = apply_rope(self.kv_norm(self.wkv(x)), positions, self.freqs)
         if self.cfg.quant_sim:
-            nope = self.cfg.nope_dim
-            kv = torch.cat((fp8_roundtrip(kv[:, :nope], self.cfg.fp8_block), kv[:, nope:]), dim=-1)
+            kv = kv_row_roundtrip(kv, self.cfg.nope_dim, self.cfg.fp8_block)
         return kv
 
     def attend(self, q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

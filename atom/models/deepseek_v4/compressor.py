@@ -11,7 +11,7 @@ Contract for the paged engine (every piece is callable on its own):
   ``-1`` is padding (kv = 0, score = -inf) and is never read from the ring.  HCA: ``[m, c]``, the block's rows.
 * ``pool(kv_rows, score_rows) -> [c]``: per-channel softmax over the rows of ``score``, weighted sum of ``kv``.
 * ``finish(pooled, i) -> [c]``: RMSNorm (own weight), RoPE at position ``i*m``, then the quantization round-trip
-  when ``quant_sim`` (main: FP8 on NoPE dims; indexer: Hadamard + FP4).
+  when ``quant_sim`` (main: FP8 on NoPE dims, bf16 on RoPE dims; indexer: Hadamard + FP4).
 * ``extend_rows(kv, score, positions, state, entries)`` (``extend`` = ``project`` + this): write each token's
   rows into the ring in order and emit entry ``p // m`` into ``entries`` as soon as token ``p`` completes its
   block.  Prefill and decode share this path, so given the same projected rows the compressed entries are
@@ -27,7 +27,7 @@ from torch import nn
 from .cache import CompressorState
 from .config import DeepseekV4Config
 from .layers import Linear, RMSNorm
-from .quant import fp4_roundtrip, fp8_roundtrip, hadamard_rotate
+from .quant import fp4_roundtrip, hadamard_rotate, kv_row_roundtrip
 from .rope import apply_rope
 
 
@@ -91,8 +91,7 @@ class Compressor(nn.Module):
             if self.for_indexer:
                 e = fp4_roundtrip(hadamard_rotate(e), self.cfg.fp4_block)
             else:
-                nope = self.cfg.nope_dim
-                e = torch.cat((fp8_roundtrip(e[:, :nope], self.cfg.fp8_block), e[:, nope:]), dim=-1)
+                e = kv_row_roundtrip(e, self.cfg.nope_dim, self.cfg.fp8_block)
         return e[0]
 
     def extend(self, x: torch.Tensor, positions: torch.Tensor, state: CompressorState,

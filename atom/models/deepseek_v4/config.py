@@ -174,13 +174,16 @@ class DeepseekV4Config:
         """What this model keeps per token and per request, for the KV arena to size itself from.
 
         ``include_mtp=False`` leaves out the MTP layers' sliding-window cache (an engine that does not
-        run MTP). ``block_size`` 0 = the lcm of the compress ratios.
+        run MTP). ``block_size`` 0 = the lcm of the compress ratios. ``fp8_ds_mla`` rows scale NoPE values
+        per :attr:`fp8_block`, the block of this model's ``quant_sim`` KV round-trip, so stored rows equal
+        the reference's.
         """
         n = self.n_blocks if include_mtp else self.n_layers
         return Dsv4KvSpec(compress_ratios=self.compress_ratios[:n], sliding_window=self.window_size,
                           head_dim=self.head_dim, rope_head_dim=self.rope_head_dim,
                           index_head_dim=self.index_head_dim, row_format=row_format,
-                          num_mtp_layers=self.n_mtp_layers if include_mtp else 0, block_size=block_size)
+                          num_mtp_layers=self.n_mtp_layers if include_mtp else 0, block_size=block_size,
+                          fp8_block=self.fp8_block)
 
     # ----- constructors -------------------------------------------------------------------------------------------
     @classmethod

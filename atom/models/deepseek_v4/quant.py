@@ -1,11 +1,15 @@
 """The numerics of the release: simulated activation quantization and the FP8 / MXFP4 weight codecs.
 
 Activation round-trips mirror the released model (dsv4_model.md section 2): the NoPE dims of every KV row and
-compressed entry go through FP8-e4m3 with power-of-two (ue8m0) block scales; indexer queries and keys go through a
-scaled Walsh-Hadamard rotation and FP4-e2m1 with power-of-two block scales.  They are applied before a row is used
-or cached, so fresh and cached values are identical.  The official forward also quantizes the input of every FP8
-/ FP4 GEMM to FP8-e4m3 in blocks of 128 with power-of-two scales (``fp8_roundtrip(x, act_quant_block(K))``).
-FP4 rounds half to even (0.75 -> 1, 1.75 -> 2, 3.5 -> 4).  All round trips return new tensors of the input dtype.
+compressed entry go through FP8-e4m3 with power-of-two (ue8m0) block scales and its RoPE dims through bf16 (the
+release computes and caches them in bf16; ``kv_row_roundtrip``); indexer queries and keys go through a scaled
+Walsh-Hadamard rotation and FP4-e2m1 with power-of-two block scales.  The FP8 scale follows the release's
+activation quantizer exactly: ``2**ceil(log2(max(amax, 1e-4) / 448))``, the ceiling taken from the fp32 bits, so a
+row stored by the arena's ``fp8_ds_mla`` codec decodes to the same values bit for bit.  They are applied before a
+row is used or cached, so fresh and cached values are identical.  The official forward also quantizes the input of
+every FP8 / FP4 GEMM to FP8-e4m3 in blocks of 128 with power-of-two scales
+(``fp8_roundtrip(x, act_quant_block(K))``).  FP4 rounds half to even (0.75 -> 1, 1.75 -> 2, 3.5 -> 4).  All round
+trips return new tensors of the input dtype.
 
 Weights: FP8-e4m3 in 128 x 128 blocks with e8m0 scales, and MXFP4 (packed e2m1 pairs with one e8m0 scale per
 32 inputs; layout in :mod:`atom.kernels.quant_formats`).  Encoders here write tiny checkpoints; the decoders are
@@ -21,6 +25,7 @@ import torch
 from atom.kernels.quant_formats import E2M1_VALUES, FP4_GROUP, e8m0_to_float, unpack_fp4
 
 FP8_MAX = 448.0
+FP8_AMAX_FLOOR = 1e-4
 FP4_MAX = 6.0
 
 
@@ -30,11 +35,18 @@ def _pow2_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     return torch.exp2(torch.ceil(torch.log2(ratio)))
 
 
+def _ceil_pow2(r: torch.Tensor) -> torch.Tensor:
+    """``2**ceil(log2(r))`` for positive normal fp32 ``r``, from its bits (exponent, +1 if the mantissa is non-zero)."""
+    v = r.float().view(torch.int32)
+    e = ((v >> 23) & 0xFF) + ((v & 0x7FFFFF) != 0).to(torch.int32)
+    return (e << 23).view(torch.float32)
+
+
 def fp8_roundtrip(x: torch.Tensor, block: int) -> torch.Tensor:
     """FP8-e4m3 quantize->dequantize over blocks of ``block`` values along the last dim (pow-2 scales)."""
     shape = x.shape
     xb = x.float().reshape(*shape[:-1], shape[-1] // block, block)
-    scale = _pow2_scale(xb.abs().amax(-1, keepdim=True), FP8_MAX)
+    scale = _ceil_pow2(xb.abs().amax(-1, keepdim=True).clamp(min=FP8_AMAX_FLOOR) / FP8_MAX)
     q = (xb / scale).to(torch.float8_e4m3fn).float()
     return (q * scale).reshape(shape).to(x.dtype)
 
@@ -58,6 +70,9 @@ def fp4_encode(v: torch.Tensor) -> torch.Tensor:
 def fp4_decode(code: torch.Tensor) -> torch.Tensor:
     """fp32 values of e2m1 codes (uint8 0..15)."""
     return E2M1_VALUES.to(code.device)[code.long()]
+def kv_row_roundtrip(x: torch.Tensor, nope: int, block: int) -> torch.Tensor:
+    """A KV row as the release stores it: FP8 round-trip of the first ``nope`` dims, bf16 round-trip of the rest."""
+    return torch.cat((fp8_roundtrip(x[..., :nope], block), x[..., nope:].to(torch.bfloat16).to(x.dtype)), dim=-1)
 
 
 def fp4_roundtrip(x: torch.Tensor, block: int) -> torch.Tensor:

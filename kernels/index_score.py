@@ -1,0 +1,104 @@
+"""Lightning-indexer scores of each query over its candidate keys, read from the arena's key rows.
+
+Contract. For query token ``t`` with head queries ``q[t] [nI, cI]`` and head weights ``w[t] [nI]``, and
+candidate key rows ``key_rows[key_idx[t, n]]`` (``-1`` = no candidate)::
+
+    scores[t, n] = sum_h w[t, h] * relu(<q[t, h], K_n>)        (-inf where key_idx[t, n] == -1)
+
+The key rows are plain fp32/bf16 rows (``codec=None``) or uint8 FP8 key rows (``codec`` = their
+:class:`~atom.kernels.fp8_index_key.Fp8IndexKeyLayout`). The Triton kernel decodes FP8 keys tile by
+tile in registers (one program per token and block of candidates; fp32 dots with IEEE precision);
+no dequantized copy of the keys is made. The reference gathers and decodes each token's valid keys
+and evaluates exactly the reference model's ``Indexer.score`` expression on them, so the engine's
+picks equal the reference model's bit for bit on the torch path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import (HAS_TRITON, check_index, check_range, check_rows, check_same_device, next_pow2,
+                      require_triton, triton, tl)
+from .kv_rows import RowCodec, check_value_rows, codec_constexprs, decode_rows_ref, row_width
+
+__all__ = ["index_score", "index_score_ref"]
+
+
+def _check(q, w, key_rows, key_idx, codec) -> None:
+    check_rows("q", q, ndim=3, dtypes=(torch.float32, torch.bfloat16))
+    num_tokens, heads, dim = q.shape
+    check_rows("w", w, dtypes=(torch.float32, torch.bfloat16), width=heads)
+    if w.shape[0] != num_tokens:
+        raise ValueError(f"w has {w.shape[0]} rows, q has {num_tokens} tokens")
+    if codec is None:
+        check_rows("key_rows", key_rows, dtypes=(torch.float32, torch.bfloat16), width=dim)
+    else:
+        check_value_rows("key_rows", key_rows, "q", None, codec)
+        if row_width(key_rows, codec) != dim:
+            raise ValueError(f"key_rows hold keys of {row_width(key_rows, codec)} values, q has {dim} dims")
+    check_index("key_idx", key_idx, (num_tokens, None))
+    check_range("key_idx", key_idx, -1, key_rows.shape[0], "rows of key_rows, or -1 = no candidate")
+    check_same_device(q=q, w=w, key_rows=key_rows, key_idx=key_idx)
+
+
+def index_score_ref(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, key_idx: torch.Tensor, *,
+                    codec: RowCodec = None) -> torch.Tensor:
+    """Torch reference of :func:`index_score` (same contract)."""
+    _check(q, w, key_rows, key_idx, codec)
+    out = torch.full(key_idx.shape, float("-inf"), dtype=torch.float32, device=q.device)
+    for t in range(key_idx.shape[0]):
+        valid = (key_idx[t] >= 0).nonzero().squeeze(1)
+        if valid.numel() == 0:
+            continue
+        keys = decode_rows_ref(key_rows[key_idx[t, valid].long()], codec)
+        out[t, valid] = (torch.relu(q[t].float() @ keys.float().T) * w[t].float()[:, None]).sum(dim=0)
+    return out
+
+
+if HAS_TRITON:
+    from .kv_rows import load_rows
+
+    @triton.jit
+    def _index_score_kernel(q_ptr, w_ptr, rows_ptr, idx_ptr, out_ptr, heads, dim, n_idx, q_s0, q_s1, w_s0,
+                            rows_stride, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                            FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        q = tl.load(q_ptr + t * q_s0 + h[:, None] * q_s1 + d[None, :], mask=(h[:, None] < heads) & (d[None, :] < dim),
+                    other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + t * w_s0 + h, mask=h < heads, other=0.0).to(tl.float32)
+        idx = tl.load(idx_ptr + t * n_idx + n, mask=n < n_idx, other=-1)
+        valid = idx >= 0
+        k = load_rows(rows_ptr, idx.to(tl.int64) * rows_stride, valid, d, dim, FMT, NOPE, ROPE, QBLOCK)
+        s = tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0)  # [BLOCK_H, BLOCK_N]
+        score = tl.sum(s * w[:, None], axis=0)
+        tl.store(out_ptr + t * n_idx + n, tl.where(valid, score, float("-inf")), mask=n < n_idx)
+
+
+def index_score(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, key_idx: torch.Tensor, *,
+                codec: RowCodec = None) -> torch.Tensor:
+    """Indexer scores ``[T, N]`` fp32 of every query over its candidates.
+
+    Args:
+        q: ``[T, nI, cI]`` indexer queries (fp32/bf16, inner dim contiguous); w: ``[T, nI]`` head weights.
+        key_rows: ``[num_rows, cI]`` plain key rows, or uint8 ``[num_rows, codec.row_bytes]`` FP8 keys.
+        key_idx: int32 ``[T, N]`` candidate key rows per query, -1 = none (scored -inf).
+        codec: None for plain rows, else the :class:`Fp8IndexKeyLayout` of the byte rows.
+
+    Raises ValueError before launch on bad arguments.
+    """
+    _check(q, w, key_rows, key_idx, codec)
+    require_triton("index_score")
+    num_tokens, heads, dim = q.shape
+    out = torch.empty(key_idx.shape, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out
+    block_n = 32 if q.is_cuda else 64
+    fmt = {k: v for k, v in codec_constexprs(codec).items() if k in ("FMT", "NOPE", "ROPE", "QBLOCK")}
+    grid = (num_tokens, triton.cdiv(key_idx.shape[1], block_n))
+    _index_score_kernel[grid](q, w, key_rows, key_idx, out, heads, dim, key_idx.shape[1], q.stride(0), q.stride(1),
+                              w.stride(0), key_rows.stride(0), BLOCK_H=max(16, next_pow2(heads)), BLOCK_N=block_n,
+                              BLOCK_D=max(16, next_pow2(dim)), **fmt)
+    return out
