@@ -4,7 +4,7 @@ import struct
 
 import pytest
 import torch
-from kernel_testlib import assert_same_bits
+from support.kernels import assert_same_bits
 
 from atom.kernels.fp8_index_key import (DSV4_INDEX_LAYOUT, Fp8IndexKeyLayout, fp8_index_key_dequantize,
                                         fp8_index_key_dequantize_ref, fp8_index_key_quantize,

@@ -3,7 +3,7 @@ attention and indexer scores over byte rows equal those over their decoded value
 
 import pytest
 import torch
-from kernel_testlib import arena_rows, assert_same_bits, i32, ragged, random_table
+from support.kernels import arena_rows, assert_same_bits, i32, ragged, random_table
 
 from atom.kernels.compressed_write import compressed_write, compressed_write_ref
 from atom.kernels.fp8_ds_mla import Fp8DsMlaLayout, fp8_ds_mla_dequantize_ref, fp8_ds_mla_quantize_ref
