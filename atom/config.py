@@ -29,6 +29,7 @@ __all__ = [
     "SchedulerConfig",
     "ModelConfig",
     "ParallelConfig",
+    "EXECUTOR_BACKENDS",
     "EngineConfig",
     "load_hf_config",
     "preset_path",
@@ -333,19 +334,39 @@ class ModelConfig:
             raise ValueError(f"quant_sim={self.quant_sim!r}; accepted: {', '.join(QUANT_SIM)}")
 
 
+#: How the ranks of a parallel run are started: ``mp`` = ``atom serve`` spawns its own workers on
+#: this machine; ``external_launcher`` = every rank is started by ``torchrun`` (multi-node).
+EXECUTOR_BACKENDS = ("mp", "external_launcher")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
-    """How the model is spread over devices: ``tensor_parallel_size`` ranks, experts split over
-    them when ``enable_expert_parallel``. The engine builder accepts only one rank today and says
-    so when asked for more."""
+    """How the model is split across ranks (``docs/parallelism.md``).
+
+    ``tensor_parallel_size`` ranks split the query heads, output groups, vocabulary and experts;
+    ``enable_expert_parallel`` partitions the routed experts whole instead of splitting each one;
+    ``replicate_attention`` keeps the whole attention on every rank (heads not split) while the
+    experts and the vocabulary are still split; ``distributed_executor_backend`` says who starts
+    the ranks (:data:`EXECUTOR_BACKENDS`).
+    """
 
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    replicate_attention: bool = False
+    distributed_executor_backend: str = "mp"
 
     def __post_init__(self) -> None:
         require_int("tensor_parallel_size", self.tensor_parallel_size, 1)
-        if not isinstance(self.enable_expert_parallel, bool):
-            raise ValueError(f"enable_expert_parallel={self.enable_expert_parallel!r} must be True or False")
+        for name in ("enable_expert_parallel", "replicate_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend={self.distributed_executor_backend!r}; "
+                             f"accepted: {', '.join(EXECUTOR_BACKENDS)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
 
 
 @dataclass(frozen=True)

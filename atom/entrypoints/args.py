@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 
 from atom import envs
-from atom.config import DTYPES, KV_CACHE_DTYPES, QUANT_SIM, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from atom.config import (DTYPES, EXECUTOR_BACKENDS, KV_CACHE_DTYPES, QUANT_SIM, CacheConfig, EngineConfig,
+                         ModelConfig, ParallelConfig, SchedulerConfig)
 from atom.entrypoints.limits import ServerLimits
 
 __all__ = ["parse_bytes", "add_serve_arguments", "engine_config_from_args", "ServerArgs", "server_args_from",
@@ -118,6 +119,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=dc.kv_cache_dtype,
                         help="KV rows stored in the arena: fp8 (fp8_ds_mla rows + FP8 indexer keys), bf16 or fp32; "
                              "auto = fp8 on a GPU for a quantized checkpoint, else fp32 (default: %(default)s)")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
+                        help="ranks that split the model: query heads, output groups, vocabulary and experts "
+                             "(default: %(default)s; see docs/parallelism.md)")
+    parser.add_argument("--enable-expert-parallel", action="store_true",
+                        help="partition the routed experts whole across the ranks instead of splitting each one")
+    parser.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS, default="mp",
+                        help="mp: atom serve spawns its workers on this machine; external_launcher: every rank is "
+                             "started by torchrun (multi-node) (default: %(default)s)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="server log level (default: %(default)s)")
     _add_limit_arguments(parser)
@@ -166,7 +175,10 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                                   max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
         cache=CacheConfig.from_env(envs.load(), kv_cache_bytes=args.kv_cache_memory, block_size=args.block_size,
                                    enable_prefix_caching=args.enable_prefix_caching,
-                                   kv_cache_dtype=args.kv_cache_dtype))
+                                   kv_cache_dtype=args.kv_cache_dtype),
+        parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size,
+                                enable_expert_parallel=args.enable_expert_parallel,
+                                distributed_executor_backend=args.distributed_executor_backend))
 
 
 @dataclass(frozen=True)

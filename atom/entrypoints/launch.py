@@ -27,15 +27,18 @@ from atom.entrypoints.async_engine import AsyncEngine
 from atom.entrypoints.connections import RateLimitedLoopErrors, guarded_protocol
 from atom.entrypoints.metrics import ServerMetrics
 from atom.entrypoints.openai_server import build_app
+from atom.parallel.launch import close_runner, join_launched_ranks, serve_launched_rank
 
 __all__ = ["Server", "load_engine", "serve_from_args"]
 
 
-def load_engine(config: EngineConfig) -> AsyncEngine:
-    """``build_engine(config)`` wrapped for the server (the thread starts with the app)."""
+def load_engine(config: EngineConfig, rank_group: Any = None) -> AsyncEngine:
+    """``build_engine(config)`` wrapped for the server (the thread starts with the app).
+
+    ``rank_group``: the group ``torchrun`` formed, when this process is its rank 0."""
     from atom.model_executor.engine_builder import build_engine  # imports torch: only when serving
 
-    return AsyncEngine(build_engine(config))
+    return AsyncEngine(build_engine(config, rank_group=rank_group))
 
 
 class Server(uvicorn.Server):
@@ -98,7 +101,11 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(str(exc))
     print(f"atom: loading {config.model.path or 'the built-in tiny DeepSeek-V4 model'} ...", file=sys.stderr, flush=True)
     try:
-        engine = load_engine(config)
+        group = join_launched_ranks(config)
+        if group is not None and group.rank > 0:  # a torchrun rank other than 0: run steps, serve nothing
+            serve_launched_rank(config, group)
+            return 0
+        engine = load_engine(config, group)
     except (ValueError, OSError) as exc:
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 2
@@ -114,5 +121,6 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        close_runner(engine.engine.runner)
     print("atom: server stopped", file=sys.stderr, flush=True)
     return 0 if server.started else 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from atom import envs
 from atom.config import EngineConfig
@@ -18,6 +19,7 @@ from atom.model_engine.scheduler import Scheduler
 from atom.model_executor.model_runner import ModelRunner
 from atom.model_executor.placement import resolve_device, resolve_dtype, resolve_model_dir, resolve_quant_sim
 from atom.models.deepseek_v4.checkpoint import load_checkpoint
+from atom.models.deepseek_v4.loader import read_config
 
 __all__ = ["build_engine", "resolve_row_format", "describe_kv"]
 
@@ -45,7 +47,8 @@ def describe_kv(layout: KvLayout) -> str:
 
 
 def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_backend: str | None = None,
-                 batch_invariant: bool = False, poison: bool | None = None, quant_sim: bool | None = None) -> LLMEngine:
+                 batch_invariant: bool = False, poison: bool | None = None, quant_sim: bool | None = None,
+                 rank_group: Any = None) -> LLMEngine:
     """An :class:`LLMEngine` serving ``config.model.path`` (None: the built-in tiny model).
 
     The model is loaded on ``config.model.device`` in ``config.model.dtype`` with its weights kept as
@@ -55,35 +58,49 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     the model's FP8/FP4 activation round-trips (with fp8 rows the engine then computes what the
     reference model with ``quant_sim`` computes). The arena's row format comes from
     ``config.cache.kv_cache_dtype`` (see :func:`resolve_row_format`).
+
+    With ``config.parallel.tensor_parallel_size > 1`` the model is sharded over that many ranks
+    (:mod:`atom.parallel`; fp32 rows, weights dequantized slice by slice): this process is rank 0 and
+    spawns the others, or joins the ranks ``torchrun`` started when ``rank_group`` is given.
     """
     from atom.builtin_model import ensure_builtin_model
+    from atom.parallel.worker import RankSpec, layout_for, shard_plan_for
     from atom.tokenizer import Tokenizer
 
-    if config.parallel.tensor_parallel_size != 1:
-        raise ValueError(f"tensor_parallel_size={config.parallel.tensor_parallel_size}: this engine runs the "
-                         "model on one device; accepted: 1")
     env = envs.load()
     mc = config.model
     path = mc.path
     model_dir = resolve_model_dir(path) if path else ensure_builtin_model()
-    device = resolve_device(mc.device)
-    model = load_checkpoint(model_dir, dtype=resolve_dtype(mc.dtype, device), device=device, load_mtp=False,
-                            progress=sys.stderr.isatty(), batch_invariant=batch_invariant,
-                            quant_sim=resolve_quant_sim(mc.quant_sim, model_dir) if quant_sim is None else quant_sim)
     tokenizer = Tokenizer.from_dir(model_dir)
-    if tokenizer.vocab_size > model.cfg.vocab_size:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model.cfg.vocab_size}")
-    row_format = resolve_row_format(config.cache.kv_cache_dtype, on_gpu=model.embed.weight.device.type != "cpu",
-                                    quantized="quantization_config" in model.cfg.extra)
-    # the main layers only (MTP is not served)
-    spec = model.cfg.kv_spec(row_format, include_mtp=False, block_size=config.cache.block_size)
-    layout = plan_kv_layout(spec, config.cache, config.scheduler)
+    poison = env.debug_nan_arena if poison is None else poison
+    max_model_len = config.scheduler.max_model_len
+    size = config.parallel.world_size
+    if size > 1:
+        from atom.parallel.executor import start_parallel_runner
+
+        model_cfg = read_config(model_dir, batch_invariant=batch_invariant)
+        layout = layout_for(model_cfg, config)
+        shard_plan_for(config, 0, size, model_cfg).check(model_cfg)  # before any worker starts
+        spec = RankSpec(config, str(model_dir), poison=poison, kernel_backend=kernel_backend,
+                        batch_invariant=batch_invariant, eos_token_id=tokenizer.eos_token_id)
+        runner = start_parallel_runner(spec, keep_logits=keep_logits, group=rank_group)
+    else:
+        device = resolve_device(mc.device)
+        model = load_checkpoint(model_dir, dtype=resolve_dtype(mc.dtype, device), device=device, load_mtp=False,
+                                progress=sys.stderr.isatty(), batch_invariant=batch_invariant,
+                                quant_sim=resolve_quant_sim(mc.quant_sim, model_dir) if quant_sim is None else quant_sim)
+        model_cfg = model.cfg
+        row_format = resolve_row_format(config.cache.kv_cache_dtype, on_gpu=model.embed.weight.device.type != "cpu",
+                                        quantized="quantization_config" in model.cfg.extra)
+        # the main layers only (MTP is not served)
+        spec = model.cfg.kv_spec(row_format, include_mtp=False, block_size=config.cache.block_size)
+        layout = plan_kv_layout(spec, config.cache, config.scheduler)
+        runner = ModelRunner(model, layout, max_model_len=max_model_len, seed=mc.seed, poison=poison,
+                             kernel_backend=kernel_backend, keep_logits=keep_logits,
+                             eos_token_id=tokenizer.eos_token_id)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model_cfg.vocab_size}")
     bm = BlockManager(layout, config.cache)
     scheduler = Scheduler(config.scheduler, bm, eos_token_id=tokenizer.eos_token_id)
-    max_model_len = config.scheduler.max_model_len
-    runner = ModelRunner(model, layout, max_model_len=max_model_len, seed=config.model.seed,
-                         poison=env.debug_nan_arena if poison is None else poison,
-                         kernel_backend=kernel_backend, keep_logits=keep_logits,
-                         eos_token_id=tokenizer.eos_token_id)
-    name = config.model.served_model_name or (Path(path).name if path else "atom-tiny-dsv4")
+    name = mc.served_model_name or (Path(path).name if path else "atom-tiny-dsv4")
     return LLMEngine(scheduler, runner, tokenizer, model_name=name, max_model_len=max_model_len)

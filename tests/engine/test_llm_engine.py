@@ -3,8 +3,6 @@
 import pytest
 import torch
 
-from atom.config import EngineConfig, ParallelConfig
-from atom.model_executor.engine_builder import build_engine
 from atom.model_executor.sampler import Sampler
 from atom.sampling_params import SamplingParams
 
@@ -95,12 +93,6 @@ def test_top_k_one_is_greedy_and_top_p_keeps_only_the_nucleus():
     probs = Sampler._filtered_probs(logits, SamplingParams(temperature=1.0, top_p=0.5))
     assert probs.nonzero().flatten().tolist() == [1, 3]
     assert torch.isclose(probs.sum(), torch.tensor(1.0))
-
-
-def test_building_an_engine_for_more_than_one_tensor_parallel_rank_is_refused_with_the_accepted_value():
-    config = EngineConfig(parallel=ParallelConfig(tensor_parallel_size=2))
-    with pytest.raises(ValueError, match="tensor_parallel_size=2: .*accepted: 1"):
-        build_engine(config)
 
 
 def test_aborts_that_leave_the_engine_idle_drop_the_runner_tables(make_engine):

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from atom.kv_group import is_csa
+from atom.parallel.comm import SINGLE_RANK, Comm
 
 from .cache import LayerCache
 from .compressor import Compressor
@@ -69,6 +70,9 @@ class Attention(nn.Module):
         self.cfg, self.layer_id = cfg, layer_id
         self.ratio = cfg.ratio(layer_id)
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        # tensor parallel: this rank's query heads and output groups, and the all-reduce after wo_b
+        self.n_groups = cfg.o_groups
+        self.comm: Comm = SINGLE_RANK
         self.scale = cfg.head_dim**-0.5
         self.freqs = layer_frequencies(cfg, self.ratio)
         kw = dict(dtype=dtype, device=device)
@@ -104,13 +108,16 @@ class Attention(nn.Module):
         return attend(q, rows, self.attn_sink, self.scale)
 
     def project_out(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Inverse RoPE at the query positions, grouped ``wo_a``, then ``wo_b``: ``[T, H, c] -> [T, dim]``."""
+        """Inverse RoPE at the query positions, grouped ``wo_a``, then ``wo_b``: ``[T, H, c] -> [T, dim]``.
+
+        Tensor parallel: ``o`` holds this rank's heads, ``wo_b`` its input columns (row-parallel), and
+        the ranks' partial outputs are summed."""
         o = apply_rope(o, positions, self.freqs, inverse=True)
-        g, r = self.cfg.o_groups, self.cfg.o_lora_rank
+        g, r = self.n_groups, self.cfg.o_lora_rank
         o = o.reshape(o.shape[0], g, -1)
         wo_a = self.wo_a.weight.view(g, r, -1)
         z = torch.einsum("tgd,grd->tgr", o.to(wo_a.dtype), wo_a).flatten(1)
-        return self.wo_b(z)
+        return self.comm.all_reduce(self.wo_b(z))
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> Projections:
         """All token-local projections of this layer for ``x [T, dim]`` (see ``Projections``)."""

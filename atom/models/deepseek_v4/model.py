@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from atom.parallel.comm import SINGLE_RANK, Comm
+
 from . import cache as cache_mod
 from .block import Block, MTPBlock
 from .cache import CacheSnapshot, SequenceCache
@@ -54,6 +56,7 @@ class DeepseekV4Model(nn.Module):
         self.hc_head_fn = nn.Parameter(torch.empty(cfg.hc_mult, cfg.hc_mult * cfg.dim, device=device))
         self.hc_head_base = nn.Parameter(torch.empty(cfg.hc_mult, device=device))
         self.hc_head_scale = nn.Parameter(torch.empty(1, device=device))
+        self.comm: Comm = SINGLE_RANK  # vocab parallel: the head's slices are gathered through it
 
     def bind_kernels(self, kernels: object) -> None:
         """Run every quantized Linear's GEMM with ``kernels``' implementation (a ``KernelSet``; None: torch)."""
@@ -68,8 +71,8 @@ class DeepseekV4Model(nn.Module):
         return e[:, None, :].expand(-1, self.cfg.hc_mult, -1).clone()
 
     def logits(self, collapsed: torch.Tensor) -> torch.Tensor:
-        """fp32 LM head over ``[T, dim]`` (already normalised)."""
-        return F.linear(collapsed.float(), self.head.weight.float())
+        """fp32 LM head over ``[T, dim]`` (already normalised); vocab parallel: slices gathered in order."""
+        return self.comm.all_gather(F.linear(collapsed.float(), self.head.weight.float()), dim=-1)
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Head gate (no Sinkhorn), final RMSNorm, fp32 head: ``[T, hc, dim] -> [T, vocab]``."""

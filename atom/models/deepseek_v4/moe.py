@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from atom.parallel.comm import SINGLE_RANK, Comm
+
 from .config import DeepseekV4Config
 from .layers import Linear
 
@@ -80,7 +82,13 @@ class Expert(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts plus the shared expert of one block."""
+    """Routed experts plus the shared expert of one block.
+
+    Sharded (``atom.parallel``): this rank computes the routed experts in ``expert_range`` (expert
+    parallel: its partition; tensor parallel: all, each a slice) and its slice of the shared expert;
+    the ranks' partial sums are combined by one all-reduce. Every rank routes every token (the
+    router is replicated), so dispatch needs no communication.
+    """
 
     def __init__(self, cfg: DeepseekV4Config, layer_id: int, *, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
@@ -89,12 +97,16 @@ class MoE(nn.Module):
         self.gate = Gate(cfg, layer_id, **kw)
         self.experts = nn.ModuleList(Expert(cfg, **kw) for _ in range(cfg.n_routed_experts))
         self.shared_experts = Expert(cfg, **kw)
+        self.expert_range = range(cfg.n_routed_experts)
+        self.comm: Comm = SINGLE_RANK
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """``[T, dim] -> [T, dim]``; each token adds its experts' outputs in ascending expert order."""
         weights, idx = self.gate(x, token_ids)
         y = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
         for e in torch.unique(idx).tolist():
+            if e not in self.expert_range:
+                continue
             rows, slot = torch.nonzero(idx == e, as_tuple=True)
             y.index_add_(0, rows, self.experts[e](x[rows], weights[rows, slot]).float())
-        return (y + self.shared_experts(x).float()).to(x.dtype)
+        return self.comm.all_reduce(y + self.shared_experts(x).float()).to(x.dtype)

@@ -1,0 +1,12 @@
+"""Tensor and expert parallelism on ``torch.distributed`` (see ``docs/parallelism.md``).
+
+* :mod:`comm`: the collectives the model layers call (identity on one rank);
+* :mod:`shard_plan`: which slice of every tensor a rank holds;
+* :mod:`sharding`: turning a model built on the meta device into one rank's shard;
+* :mod:`shard_loader`: loading only a rank's slices from safetensors files;
+* :mod:`process_group`: process-group set-up for spawned workers and for ``torchrun``;
+* :mod:`worker`: the loop of a model worker (rank > 0);
+* :mod:`executor`: rank 0's runner, which broadcasts each step's batch and watches the workers.
+
+Nothing is imported here, so the model layers can import :mod:`atom.parallel.comm` without a cycle.
+"""

@@ -1,0 +1,71 @@
+"""Joining the ranks: one process group for the model's collectives and a CPU one for the batch.
+
+A rank calls :func:`join` with its rank, the group size and a rendezvous address: a
+``tcp://127.0.0.1:PORT`` that ``atom serve`` picked for the workers it spawns, or ``env://`` under
+``torchrun`` (which sets the rank, size and master address in the environment that
+``torch.distributed`` reads). Tensors of the model go through NCCL on CUDA devices (RCCL on ROCm,
+same backend name) and gloo on CPU; the scheduled batch is a Python object, broadcast through a
+gloo group on every device type so it never needs a device copy.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from atom.parallel.comm import Comm
+
+__all__ = ["RankGroup", "join", "free_port", "backend_for"]
+
+#: How long a collective may wait for a peer before it fails (a dead peer usually fails it sooner).
+TIMEOUT = timedelta(minutes=10)
+
+
+def backend_for(device: torch.device | str) -> str:
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RankGroup:
+    """This process's place in the group: ``comm`` for tensors, ``cpu_group`` for Python objects."""
+
+    rank: int
+    size: int
+    comm: Comm
+    cpu_group: object
+
+    def broadcast(self, obj: object) -> object:
+        """Rank 0's ``obj`` on every rank (other ranks pass anything, e.g. None)."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        return box[0]
+
+    def gather(self, obj: object) -> list[object] | None:
+        """Every rank's ``obj`` in rank order on rank 0; None elsewhere."""
+        out = [None] * self.size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.cpu_group)
+        return out
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def join(rank: int | None, size: int | None, init_method: str, device: torch.device | str) -> RankGroup:
+    """Initialise ``torch.distributed`` for this process (``rank``/``size`` None: from the launcher)."""
+    backend = backend_for(device)
+    kwargs = {} if rank is None else {"rank": rank, "world_size": size}
+    dist.init_process_group(backend, init_method=init_method, timeout=TIMEOUT, **kwargs)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    cpu_group = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo", timeout=TIMEOUT)
+    return RankGroup(rank, size, Comm(rank, size, dist.group.WORLD), cpu_group)

@@ -1,0 +1,107 @@
+"""A model rank: its shard of the model, its copy of the KV arena, and the step loop of ranks > 0.
+
+Every rank builds the same thing from the same :class:`RankSpec`: the shard of the model its
+:class:`ShardPlan` names, and a :class:`ModelRunner` over an arena of the same layout (a pure
+function of the model and the config, so every rank's page ``p`` is the same bytes). Rank 0 also
+runs the scheduler (:mod:`executor`); every other rank runs :func:`serve_steps`: receive the step's
+frozen batch, apply its table deltas and run it, until rank 0 broadcasts ``None``.
+
+A spawned worker ignores Ctrl-C (the terminal sends it to every process of the group; rank 0 then
+stops the workers in order) and exits by itself if its parent disappears.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+from atom.config import EngineConfig
+from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
+from atom.model_executor.model_runner import ModelRunner
+from atom.models.deepseek_v4.config import DeepseekV4Config
+from atom.parallel.process_group import RankGroup, join
+from atom.parallel.shard_loader import load_sharded_checkpoint
+from atom.parallel.shard_plan import ShardPlan
+from atom.parallel.sharding import ParameterBytes, parameter_bytes
+
+__all__ = ["RankSpec", "shard_plan_for", "layout_for", "build_rank_runner", "serve_steps", "worker_main"]
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What every rank needs to build its part (picklable: it travels to spawned workers)."""
+
+    config: EngineConfig
+    model_dir: str
+    poison: bool = False
+    kernel_backend: str | None = None
+    batch_invariant: bool = False
+    device: str = "cpu"
+    eos_token_id: int | None = None  # for ``min_tokens`` in the sampler
+
+
+def shard_plan_for(config: EngineConfig, rank: int, size: int, cfg: DeepseekV4Config) -> ShardPlan:
+    par = config.parallel
+    return ShardPlan(rank, size, split_attention=not par.replicate_attention,
+                     expert_parallel=par.enable_expert_parallel, n_experts=cfg.n_routed_experts)
+
+
+def layout_for(cfg: DeepseekV4Config, config: EngineConfig) -> KvLayout:
+    """The arena layout of the model's main layers under ``config`` (identical on every rank):
+    MTP is not served, rows are fp32 on the CPU path."""
+    spec = cfg.kv_spec("fp32", include_mtp=False, block_size=config.cache.block_size)
+    return plan_kv_layout(spec, config.cache, config.scheduler)
+
+
+def build_rank_runner(spec: RankSpec, group: RankGroup, *, keep_logits: bool = False
+                      ) -> tuple[ModelRunner, ParameterBytes]:
+    """This rank's runner over its shard, and the parameter bytes it holds."""
+    from atom.models.deepseek_v4.loader import read_config
+
+    cfg = read_config(spec.model_dir)
+    plan = shard_plan_for(spec.config, group.rank, group.size, cfg)
+    model = load_sharded_checkpoint(spec.model_dir, plan, group.comm, device=spec.device,
+                                    batch_invariant=spec.batch_invariant)
+    c = spec.config
+    runner = ModelRunner(model, layout_for(model.cfg, c), max_model_len=c.scheduler.max_model_len, seed=c.model.seed,
+                         poison=spec.poison, kernel_backend=spec.kernel_backend, keep_logits=keep_logits,
+                         eos_token_id=spec.eos_token_id)
+    return runner, parameter_bytes(model, plan)
+
+
+def serve_steps(group: RankGroup, runner: ModelRunner) -> None:
+    """The loop of a rank > 0: run every batch rank 0 broadcasts until it sends ``None``."""
+    while True:
+        batch = group.broadcast(None)
+        if batch is None:
+            return
+        runner.execute(batch)
+
+
+def worker_main(spec: RankSpec, rank: int, size: int, init_method: str, parent_pid: int) -> None:
+    """Entry point of a worker spawned by ``atom serve`` (rank ``rank`` of ``size``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent(parent_pid)
+    if spec.device == "cpu":
+        from atom.parallel.executor import limit_cpu_threads
+
+        limit_cpu_threads(size)
+    group = join(rank, size, init_method, spec.device)
+    runner, held = build_rank_runner(spec, group)
+    group.gather(held)
+    serve_steps(group, runner)
+    group.leave()
+
+
+def _exit_with_parent(parent_pid: int, period: float = 0.5) -> None:
+    """End this process when its parent is gone (killed without a chance to stop its workers)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(period)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="atom-parent-watch", daemon=True).start()
