@@ -112,6 +112,26 @@ def check_range(name: str, t: torch.Tensor, lo: int, hi: int, what: str = "") ->
         raise ValueError(f"{name} holds values in [{tmin}, {tmax}], outside the valid range [{lo}, {hi}){extra}")
 
 
+def masked_put(dst: torch.Tensor, index: tuple[torch.Tensor, ...], values: torch.Tensor, keep: torch.Tensor) -> None:
+    """``dst[index] = values`` for the entries where ``keep`` is true, without reading ``keep`` back to the host.
+
+    ``index``: 1-D index tensors ``[N]`` (one per leading dim of ``dst``); ``values``: ``[N, ...]``. A skipped
+    entry (whatever its index, -1 included) is turned into a copy of the first kept write (same index, same
+    value), or, when nothing is kept, into writing element 0 back onto itself; ``index_put_`` with duplicate
+    indices carrying equal values gives that value on every device. Kept entries must not share an index.
+    Used by the torch references so that a step never syncs (boolean-mask selection would).
+    """
+    if keep.numel() == 0:
+        return
+    first = torch.argmax(keep.to(torch.uint8)).reshape(1)  # the first kept entry; 0 when none is (a 1-d
+    any_keep = keep.any()  # index: indexing with a 0-d tensor would read it back)
+    fb_idx = tuple(torch.where(any_keep, i[first], 0) for i in index)
+    fb_val = torch.where(any_keep, values[first], dst[fb_idx])
+    idx = tuple(torch.where(keep, i, f) for i, f in zip(index, fb_idx))
+    vals = torch.where(keep.reshape((-1,) + (1,) * (values.dim() - 1)), values, fb_val)
+    dst.index_put_(idx, vals)
+
+
 def check_same_device(**tensors: torch.Tensor) -> None:
     devices = {n: t.device for n, t in tensors.items()}
     if len(set(devices.values())) > 1:

@@ -58,6 +58,8 @@ OPS: dict[str, tuple[str, str, str]] = {
     "mxfp4_gemm": ("mxfp4_gemm", "mxfp4_gemm", "mxfp4_gemm_ref"),
     "fp8_index_key_quantize": ("fp8_index_key", "fp8_index_key_quantize", "fp8_index_key_quantize_ref"),
     "fp8_index_key_dequantize": ("fp8_index_key", "fp8_index_key_dequantize", "fp8_index_key_dequantize_ref"),
+    "hc_sinkhorn": ("hc_sinkhorn", "hc_sinkhorn", "hc_sinkhorn_ref"),
+    "entry_pool": ("entry_pool", "entry_pool", "entry_pool_ref"),
 }
 
 _AITER: dict[str, Callable] = {}

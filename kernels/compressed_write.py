@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ._common import (HAS_TRITON, check_comp_geometry, check_index, check_range, check_same_device, compressed_row,
-                      launch_tiles, max_comp_page, require_triton, triton, tl)
+                      launch_tiles, masked_put, max_comp_page, require_triton, triton, tl)
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, encode_rows_ref
 
 __all__ = ["compressed_write", "compressed_write_ref"]
@@ -50,13 +50,13 @@ def compressed_write_ref(entries: torch.Tensor, rows: torch.Tensor, comp_table: 
                          pages_per_chunk: int, chunk_rows: int, codec: RowCodec = None) -> None:
     """Torch reference of :func:`compressed_write` (same contract)."""
     _check(entries, rows, comp_table, seq_idx, entry_idx, entries_per_block, pages_per_chunk, chunk_rows, codec)
-    tok = ((seq_idx >= 0) & (entry_idx >= 0)).nonzero().squeeze(1)
-    ent = entry_idx[tok].long()
-    page = comp_table[seq_idx[tok].long(), ent // entries_per_block]
-    keep = page >= 0
-    dst = compressed_row(page[keep], ent[keep] % entries_per_block, entries_per_block, pages_per_chunk,
+    live = (seq_idx >= 0) & (entry_idx >= 0)
+    ent = entry_idx.long().clamp(min=0)
+    page = comp_table[seq_idx.long().clamp(min=0), ent // entries_per_block]
+    keep = live & (page >= 0)
+    dst = compressed_row(page.clamp(min=0), ent % entries_per_block, entries_per_block, pages_per_chunk,
                          chunk_rows)
-    rows[dst] = encode_rows_ref(entries[tok[keep]], codec)
+    masked_put(rows, (dst,), encode_rows_ref(entries, codec), keep)
 
 
 if HAS_TRITON:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_rows, check_same_device,
-                      launch_tiles, require_triton, triton, tl, value_checks_enabled)
+                      launch_tiles, masked_put, require_triton, triton, tl, value_checks_enabled)
 from .swa_write import check_ragged, ragged_tokens
 
 __all__ = ["compressor_state_update", "compressor_state_update_ref", "csa_boundary_capture",
@@ -118,12 +118,11 @@ def compressor_state_update_ref(kv: torch.Tensor, score: torch.Tensor, ape: torc
     """Torch reference of :func:`compressor_state_update` (same contract)."""
     _check_update(kv, score, ape, kv_state, score_state, state_slot, cu_seqlens, pos_start)
     ring = kv_state.shape[1]
-    tok, seq, pos = ragged_tokens(cu_seqlens, pos_start, ring)
+    tok, seq, pos, keep = ragged_tokens(cu_seqlens, pos_start, ring, kv.shape[0])
     slot = state_slot[seq].long()
-    keep = slot >= 0
-    tok, pos, slot = tok[keep], pos[keep], slot[keep]
-    kv_state[slot, pos % ring] = kv[tok]
-    score_state[slot, pos % ring] = score[tok] + ape[pos % ape.shape[0]]
+    keep = keep & (slot >= 0)
+    masked_put(kv_state, (slot, pos % ring), kv[tok], keep)
+    masked_put(score_state, (slot, pos % ring), score[tok] + ape[pos % ape.shape[0]], keep)
 
 
 def csa_boundary_capture_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, kv_dst: torch.Tensor,
@@ -132,14 +131,12 @@ def csa_boundary_capture_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.T
     """Torch reference of :func:`csa_boundary_capture` (same contract)."""
     _check_capture(kv, score, ape, kv_dst, score_dst, capture_table, cu_seqlens, pos_start, block_size)
     first = block_size - CSA_OVERLAP_ROWS
-    tok, seq, pos = ragged_tokens(cu_seqlens, pos_start, None)
-    sel = pos % block_size >= first
-    tok, seq, pos = tok[sel], seq[sel], pos[sel]
+    tok, seq, pos, _ = ragged_tokens(cu_seqlens, pos_start, None, kv.shape[0])
     page = capture_table[seq, pos // block_size].long()
-    keep = page >= 0
-    tok, pos, page = tok[keep], pos[keep], page[keep]
-    kv_dst[page, pos % block_size - first] = kv[tok]
-    score_dst[page, pos % block_size - first] = score[tok] + ape[pos % ape.shape[0]]
+    keep = (pos % block_size >= first) & (page >= 0)
+    row = pos % block_size - first
+    masked_put(kv_dst, (page, row), kv[tok], keep)
+    masked_put(score_dst, (page, row), score[tok] + ape[pos % ape.shape[0]], keep)
 
 
 def csa_boundary_restore_ref(kv_src: torch.Tensor, score_src: torch.Tensor, kv_state: torch.Tensor,
@@ -147,14 +144,14 @@ def csa_boundary_restore_ref(kv_src: torch.Tensor, score_src: torch.Tensor, kv_s
                              resume_pos: torch.Tensor) -> None:
     """Torch reference of :func:`csa_boundary_restore` (same contract)."""
     _check_restore(kv_src, score_src, kv_state, score_state, restore_src, state_slot, resume_pos)
-    live = ((restore_src >= 0) & (state_slot >= 0)).nonzero().squeeze(1)
+    live = ((restore_src >= 0) & (state_slot >= 0))[:, None].expand(-1, CSA_OVERLAP_ROWS).reshape(-1)
     ring = kv_state.shape[1]
-    j = torch.arange(CSA_OVERLAP_ROWS, device=kv_src.device)
-    src = restore_src[live].long()[:, None]
-    slot = state_slot[live].long()[:, None]
-    dst_row = (resume_pos[live].long()[:, None] - CSA_OVERLAP_ROWS + j[None, :]) % ring
-    kv_state[slot, dst_row] = kv_src[src, j[None, :]]
-    score_state[slot, dst_row] = score_src[src, j[None, :]]
+    j = torch.arange(CSA_OVERLAP_ROWS, device=kv_src.device)[None, :]
+    src = restore_src.long().clamp(min=0)[:, None]
+    slot = state_slot.long()[:, None].expand(-1, CSA_OVERLAP_ROWS).reshape(-1)
+    dst_row = ((resume_pos.long()[:, None] - CSA_OVERLAP_ROWS + j) % ring).reshape(-1)
+    masked_put(kv_state, (slot, dst_row), kv_src[src, j].flatten(0, 1), live)
+    masked_put(score_state, (slot, dst_row), score_src[src, j].flatten(0, 1), live)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import torch
 from atom.kv_group import HCA_STATE_ROWS  # running max, running sum of exp, running weighted sum
 
 from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_rows, check_same_device,
-                      launch_tiles, require_triton, triton, tl)
+                      launch_tiles, masked_put, require_triton, triton, tl)
 from .swa_write import check_ragged
 
 __all__ = ["hca_state_update", "hca_state_update_ref", "HCA_STATE_ROWS", "empty_hca_state"]
@@ -78,58 +78,57 @@ def _check(kv, score, ape, acc, state_slot, cu_seqlens, pos_start, pooled) -> in
 # torch reference
 # ----------------------------------------------------------------------------------------------
 
-def _segments(cu_seqlens, pos_start, state_slot, ratio):
-    """Per block segment of every live sequence's chunk: (seq, block, first pos, end pos, token of pos 0
-    of the sequence's chunk, is the sequence's last segment)."""
+def _segments(cu_seqlens, pos_start, state_slot, ratio, max_len):
+    """Block segments of every sequence's chunk on a static ``[num_seqs * nb]`` grid (``nb`` = the most
+    blocks a chunk of ``max_len`` tokens touches): (seq, block, first pos, end pos, token of pos 0 of the
+    sequence's chunk, is the sequence's last segment, live). Nothing is read back to the host."""
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     p0 = pos_start.long()
-    live = (lens > 0) & (state_slot >= 0)
+    nb = (max_len + ratio - 2) // ratio + 1
     first_b, last_b = p0 // ratio, (p0 + lens - 1).clamp(min=0) // ratio
-    count = torch.where(live, last_b - first_b + 1, torch.zeros_like(lens))
-    seq = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), count)
-    k = torch.arange(seq.numel(), device=lens.device) - (torch.cumsum(count, 0) - count)[seq]
+    count = torch.where((lens > 0) & (state_slot >= 0), last_b - first_b + 1, 0)
+    seq = torch.arange(lens.numel(), device=lens.device).repeat_interleave(nb)  # a constant repeat: no sync
+    k = torch.arange(nb, device=lens.device).repeat(lens.numel())
     block = first_b[seq] + k
     lo = torch.maximum(p0[seq], block * ratio)
     hi = torch.minimum(p0[seq] + lens[seq], (block + 1) * ratio)
-    is_last = k == count[seq] - 1
-    return seq, block, lo, hi, cu_seqlens[:-1].long()[seq] - p0[seq], is_last
+    live = k < count[seq]
+    return seq, block, lo, hi, cu_seqlens[:-1].long()[seq] - p0[seq], live & (k == count[seq] - 1), live
 
 
 def hca_state_update_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, acc: torch.Tensor,
                          state_slot: torch.Tensor, cu_seqlens: torch.Tensor, pos_start: torch.Tensor,
-                         pooled: torch.Tensor) -> None:
+                         pooled: torch.Tensor, max_len: int | None = None) -> None:
     """Torch reference of :func:`hca_state_update` (same contract): all block segments of the batch
-    advance together, one position of the block at a time, so each element sees the sequential order."""
-    _check(kv, score, ape, acc, state_slot, cu_seqlens, pos_start, pooled)
+    advance together, one position of their segment at a time, so each element sees the sequential
+    order. Shapes depend only on the batch's shape and ``max_len``: nothing is read back."""
+    bound = _check(kv, score, ape, acc, state_slot, cu_seqlens, pos_start, pooled)
+    max_len = bound if max_len is None else max_len
     ratio = ape.shape[0]
-    seq, block, lo, hi, tok_base, is_last = _segments(cu_seqlens, pos_start, state_slot, ratio)
-    if seq.numel() == 0:
+    if max_len == 0 or state_slot.shape[0] == 0:
         return
-    slot = state_slot.long()[seq]
+    seq, block, lo, hi, tok_base, is_last, live = _segments(cu_seqlens, pos_start, state_slot, ratio, max_len)
+    slot = state_slot.long()[seq].clamp(min=0)
     fresh = (lo % ratio == 0)[:, None]
     start = acc[slot]
     m = torch.where(fresh, float("-inf"), start[:, 0])
     l = torch.where(fresh, 0.0, start[:, 1])
     a = torch.where(fresh, 0.0, start[:, 2])
-    for j in range(ratio):
-        pos = block * ratio + j
-        on = (pos >= lo) & (pos < hi)
-        if not bool(on.any()):
-            continue
-        idx = on.nonzero().squeeze(1)
-        t = tok_base[idx] + pos[idx]
-        s = score[t] + ape[j]
-        m_i, l_i, a_i = m[idx], l[idx], a[idx]
-        m_new = torch.maximum(m_i, s)
-        c = torch.exp(m_i - m_new)
+    last_tok = kv.shape[0] - 1
+    for off in range(min(ratio, max_len)):
+        pos = lo + off
+        on = live & (pos < hi)
+        t = (tok_base + pos).clamp(0, last_tok)
+        s = score[t] + ape[pos % ratio]
+        m_new = torch.maximum(m, s)
+        c = torch.exp(m - m_new)
         p = torch.exp(s - m_new)
-        l_i = l_i * c + p
-        a_i = a_i * c + p * kv[t]
-        m[idx], l[idx], a[idx] = m_new, l_i, a_i
-        if j == ratio - 1:
-            pooled[t] = a_i / l_i
-    last = is_last.nonzero().squeeze(1)
-    acc[slot[last]] = torch.stack((m[last], l[last], a[last]), dim=1)
+        upd = on[:, None]
+        l = torch.where(upd, l * c + p, l)
+        a = torch.where(upd, a * c + p * kv[t], a)
+        m = torch.where(upd, m_new, m)
+        masked_put(pooled, (t,), a / l, on & (pos % ratio == ratio - 1))
+    masked_put(acc, (slot,), torch.stack((m, l, a), dim=1), is_last)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,7 +179,7 @@ if HAS_TRITON:
 
 def hca_state_update(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, acc: torch.Tensor,
                      state_slot: torch.Tensor, cu_seqlens: torch.Tensor, pos_start: torch.Tensor,
-                     pooled: torch.Tensor) -> None:
+                     pooled: torch.Tensor, max_len: int | None = None) -> None:
     """Advance each sequence's HCA accumulator over its chunk; write the pooled row of every block
     the chunk completes.
 
@@ -194,8 +193,11 @@ def hca_state_update(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, a
         cu_seqlens: int32 ``[num_seqs + 1]`` token offsets; pos_start: int32 ``[num_seqs]``.
         pooled: fp32 ``[num_tokens, width]`` output: row ``t`` is written exactly when token ``t``
             completes its block (``(pos + 1) % ratio == 0``); other rows are left untouched.
+        max_len: the longest chunk, when the caller knows it (the step's metadata); None = derive it
+            (a device read under value checks, else the token count).
     """
-    max_len = _check(kv, score, ape, acc, state_slot, cu_seqlens, pos_start, pooled)
+    bound = _check(kv, score, ape, acc, state_slot, cu_seqlens, pos_start, pooled)
+    max_len = bound if max_len is None else max_len
     require_triton("hca_state_update")
     ratio = ape.shape[0]
     if max_len == 0:

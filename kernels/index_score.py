@@ -45,14 +45,10 @@ def index_score_ref(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, ke
                     codec: RowCodec = None) -> torch.Tensor:
     """Torch reference of :func:`index_score` (same contract)."""
     _check(q, w, key_rows, key_idx, codec)
-    out = torch.full(key_idx.shape, float("-inf"), dtype=torch.float32, device=q.device)
-    for t in range(key_idx.shape[0]):
-        valid = (key_idx[t] >= 0).nonzero().squeeze(1)
-        if valid.numel() == 0:
-            continue
-        keys = decode_rows_ref(key_rows[key_idx[t, valid].long()], codec)
-        out[t, valid] = (torch.relu(q[t].float() @ keys.float().T) * w[t].float()[:, None]).sum(dim=0)
-    return out
+    t, n = key_idx.shape
+    keys = decode_rows_ref(key_rows[key_idx.long().clamp(min=0).reshape(-1)], codec).reshape(t, n, -1)
+    scores = (torch.relu(q.float() @ keys.float().transpose(1, 2)) * w.float()[:, :, None]).sum(dim=1)
+    return torch.where(key_idx >= 0, scores, float("-inf"))
 
 
 if HAS_TRITON:

@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 
 from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_same_device, check_swa_geometry,
-                      launch_tiles, max_swa_page, require_triton, triton, tl)
+                      launch_tiles, masked_put, max_swa_page, require_triton, triton, tl,
+                      value_checks_enabled)
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, encode_rows_ref
 
 __all__ = ["swa_write", "swa_write_ref", "swa_write_prefill", "swa_write_prefill_ref"]
@@ -59,7 +60,8 @@ def _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride
 
 
 def check_ragged(k_len: int, cu_seqlens: torch.Tensor, pos_start: torch.Tensor, max_pos: int) -> int:
-    """Check a ragged batch description; return the longest chunk. Shared with compressor_state."""
+    """Check a ragged batch description; return the longest chunk (under ``value_checks_off``: ``k_len``, an
+    upper bound, so that nothing is read back). Shared with compressor_state."""
     check_index("cu_seqlens", cu_seqlens, (None,))
     num_seqs = cu_seqlens.shape[0] - 1
     if num_seqs < 0:
@@ -72,6 +74,8 @@ def check_ragged(k_len: int, cu_seqlens: torch.Tensor, pos_start: torch.Tensor, 
     check_range("chunk lengths cu_seqlens[1:] - cu_seqlens[:-1]", lens, 0, k_len + 1, "must not decrease")
     check_range("pos_start", pos_start, 0, max_pos + 1, "absolute position of each chunk's first token")
     check_range("pos_start + chunk length", pos_start + lens, 0, max_pos + 1, "covered by the table")
+    if not value_checks_enabled():
+        return k_len  # an upper bound that needs no device read (launch grids mask past each chunk's end)
     return int(lens.max())
 
 
@@ -86,41 +90,43 @@ def _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_st
     return max_len
 
 
-def ragged_tokens(cu_seqlens: torch.Tensor, pos_start: torch.Tensor, keep_last: int | None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(token index, sequence index, position) of the tokens of a ragged batch, in token order.
+def ragged_tokens(cu_seqlens: torch.Tensor, pos_start: torch.Tensor, keep_last: int | None, num_tokens: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token index, sequence index, position, keep) of the ``num_tokens`` tokens of a ragged batch, in token
+    order; shapes depend only on ``num_tokens`` (nothing is read back).
 
-    With ``keep_last`` only the last ``keep_last`` tokens of each sequence's chunk are listed.
+    ``keep`` is true for every token, or with ``keep_last`` for the last ``keep_last`` tokens of each chunk.
     """
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    seq = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens)
-    tok = torch.arange(int(lens.sum()), device=lens.device) + cu_seqlens[0].long()
-    local = tok - cu_seqlens[:-1].long()[seq]
+    num_seqs = cu_seqlens.shape[0] - 1
+    tok = torch.arange(num_tokens if num_seqs > 0 else 0, device=cu_seqlens.device)
+    cu = cu_seqlens.long()
+    seq = torch.searchsorted(cu[1:], tok, right=True).clamp(max=max(num_seqs - 1, 0))
+    local = tok - cu[:-1][seq]
     pos = pos_start.long()[seq] + local
+    keep = (tok >= cu[0]) & (tok < cu[-1])  # rows of ``k`` outside the described chunks are not tokens
     if keep_last is not None:
-        keep = local >= lens[seq] - keep_last
-        tok, seq, pos = tok[keep], seq[keep], pos[keep]
-    return tok, seq, pos
+        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        keep = keep & (local >= lens[seq] - keep_last)
+    return tok, seq, pos, keep
 
 
 # ----------------------------------------------------------------------------------------------
 # torch references
 # ----------------------------------------------------------------------------------------------
 
-def _scatter_ref(k, rows, swa_table, tok, seq, pos, block_size, row_stride, codec) -> None:
-    page = swa_table[seq, pos // block_size].long()
-    keep = page >= 0
-    dst = page[keep] * row_stride + pos[keep] % block_size
-    rows[dst] = encode_rows_ref(k[tok[keep]], codec)
+def _scatter_ref(k, rows, swa_table, tok, seq, pos, keep, block_size, row_stride, codec) -> None:
+    page = swa_table[seq.clamp(min=0), pos.clamp(min=0) // block_size].long()
+    keep = keep & (page >= 0)
+    masked_put(rows, (page * row_stride + pos % block_size,), encode_rows_ref(k[tok], codec), keep)
 
 
 def swa_write_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
                   positions: torch.Tensor, *, block_size: int, row_stride: int, codec: RowCodec = None) -> None:
     """Torch reference of :func:`swa_write` (same contract)."""
     _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride, codec)
-    tok = ((seq_idx >= 0) & (positions >= 0)).nonzero().squeeze(1)
-    _scatter_ref(k, rows, swa_table, tok, seq_idx[tok].long(), positions[tok].long(), block_size, row_stride,
-                 codec)
+    tok = torch.arange(k.shape[0], device=k.device)
+    _scatter_ref(k, rows, swa_table, tok, seq_idx.long(), positions.long(), (seq_idx >= 0) & (positions >= 0),
+                 block_size, row_stride, codec)
 
 
 def swa_write_prefill_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor,
@@ -128,8 +134,8 @@ def swa_write_prefill_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.
                           row_stride: int, window: int, full_retain: bool = False, codec: RowCodec = None) -> None:
     """Torch reference of :func:`swa_write_prefill` (same contract)."""
     _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window, codec)
-    tok, seq, pos = ragged_tokens(cu_seqlens, pos_start, None if full_retain else window)
-    _scatter_ref(k, rows, swa_table, tok, seq, pos, block_size, row_stride, codec)
+    tok, seq, pos, keep = ragged_tokens(cu_seqlens, pos_start, None if full_retain else window, k.shape[0])
+    _scatter_ref(k, rows, swa_table, tok, seq, pos, keep, block_size, row_stride, codec)
 
 
 # ----------------------------------------------------------------------------------------------

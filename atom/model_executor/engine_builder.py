@@ -48,12 +48,13 @@ def describe_kv(layout: KvLayout) -> str:
 
 def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_backend: str | None = None,
                  batch_invariant: bool = False, poison: bool | None = None, quant_sim: bool | None = None,
-                 rank_group: Any = None) -> LLMEngine:
+                 rank_group: Any = None, value_checks: bool = False) -> LLMEngine:
     """An :class:`LLMEngine` serving ``config.model.path`` (None: the built-in tiny model).
 
     The model is loaded on ``config.model.device`` in ``config.model.dtype`` with its weights kept as
     stored (FP8 / MXFP4), without the MTP block (not served). ``poison`` fills the arena with NaN
-    (default: the ``ATOM_DEBUG_NAN_ARENA`` flag).
+    (default: the ``ATOM_DEBUG_NAN_ARENA`` flag); ``value_checks`` runs the kernels' value checks inside
+    every step (tests; they sync the device).
     ``quant_sim`` (when given) overrides ``config.model.quant_sim``: it runs
     the model's FP8/FP4 activation round-trips (with fp8 rows the engine then computes what the
     reference model with ``quant_sim`` computes). The arena's row format comes from
@@ -97,7 +98,7 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
         layout = plan_kv_layout(spec, config.cache, config.scheduler)
         runner = ModelRunner(model, layout, max_model_len=max_model_len, seed=mc.seed, poison=poison,
                              kernel_backend=kernel_backend, keep_logits=keep_logits,
-                             eos_token_id=tokenizer.eos_token_id)
+                             eos_token_id=tokenizer.eos_token_id, value_checks=value_checks)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model_cfg.vocab_size}")
     bm = BlockManager(layout, config.cache)

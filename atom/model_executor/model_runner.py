@@ -1,16 +1,19 @@
 """ModelRunner: executes one ScheduledBatch on the model and the KV arena, and samples.
 
 It only sequences work: apply the batch's table deltas (:mod:`step_inputs`), build the step tensors,
-run the DeepSeek-V4 blocks with :class:`PagedDeepseekV4Attention` in place of the reference cache,
-sample (:mod:`sampler`), and return a :class:`RunnerOutput`. It knows nothing model-family specific
+run the DeepSeek-V4 blocks with :class:`PagedDeepseekV4Attention` in place of the reference cache
+(kernel value checks off, no device value read back inside the forward), the head on the rows that
+sample only, sample (:mod:`sampler`, one read-back per step), and return a :class:`RunnerOutput`. It knows nothing model-family specific
 beyond what the model declares (its KV spec) and holds no scheduler state.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from atom.kernels.backend import load_kernels
+from atom.kernels.backend import load_kernels, value_checks_off
 from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
 from atom.model_executor.kv_views import bind_kv_arena
@@ -27,12 +30,14 @@ class ModelRunner:
     """Runs steps of ``model`` over an arena sized by ``layout``.
 
     ``keep_logits``: keep every step's logits (``last_logits``: seq_id -> ``[T, vocab]``), for tests
-    that compare the engine with the reference model step by step.
+    that compare the engine with the reference model step by step; otherwise the head runs only on
+    the rows that sample. ``value_checks``: run the kernels' value checks (each a device sync) inside
+    the step; off in serving (the inputs come from the scheduler), on in tests.
     """
 
     def __init__(self, model: DeepseekV4Model, layout: KvLayout, *, max_model_len: int, seed: int = 0,
                  poison: bool = False, kernel_backend: str | None = None, keep_logits: bool = False,
-                 eos_token_id: int | None = None) -> None:
+                 eos_token_id: int | None = None, value_checks: bool = False) -> None:
         self.model = model.eval()
         self.device = model.embed.weight.device
         self.views = bind_kv_arena(layout, poison=poison, device=self.device)
@@ -41,8 +46,8 @@ class ModelRunner:
         max_blocks = -(-max_model_len // layout.spec.block_size)
         self.tables = PageTables(layout.max_live_requests, max_blocks, device=self.device)
         self.attn = [PagedDeepseekV4Attention(block.attn, self.views, self.kernels) for block in model.layers]
-        self.sampler = Sampler(seed, eos_token_id)
-        self.keep_logits = keep_logits
+        self.sampler = Sampler(seed, eos_token_id, device=self.device)
+        self.keep_logits, self.value_checks = keep_logits, value_checks
         self.last_logits: dict[int, torch.Tensor] = {}
 
     @torch.no_grad()
@@ -51,29 +56,40 @@ class ModelRunner:
         self.sampler.release(batch.released_ids)
         if not batch.seqs:
             return RunnerOutput({})
-        step = build_step_inputs(batch, self.tables, self.device)
-        logits = self._forward(step)
-        sampled, logprobs, self.last_logits = {}, {}, {}
-        for s, item in enumerate(batch.seqs):
-            lo, hi = int(step.cu_seqlens[s]), int(step.cu_seqlens[s + 1])
-            if self.keep_logits:
-                self.last_logits[item.seq_id] = logits[lo:hi].clone()
+        step = build_step_inputs(batch, self.tables, self.device, self.model.cfg.compress_ratios)
+        with contextlib.nullcontext() if self.value_checks else value_checks_off():
+            logits = self._forward(step)
+        self.last_logits = {}
+        if self.keep_logits:
+            lo = 0
+            for item in batch.seqs:
+                self.last_logits[item.seq_id] = logits[lo:lo + item.num_tokens].clone()
+                lo += item.num_tokens
+            logits = logits[step.sample_rows]
+        for item in batch.seqs:
             if item.history is not None:
                 self.sampler.begin(item.seq_id, *item.history, logits.shape[-1], logits.device)
-            if item.sample:
-                row = logits[hi - 1]
-                token = self.sampler.sample(row, item.params, item.start_pos + item.num_tokens, item.seq_id)
-                sampled[item.seq_id] = token
-                lp = self.sampler.logprobs(row, item.params, token)
-                if lp is not None:
-                    logprobs[item.seq_id] = lp
+        items = [item for item in batch.seqs if item.sample]
+        tokens = self.sampler.sample_all(logits, [i.params for i in items], [i.start_pos + i.num_tokens for i in items],
+                                         [i.seq_id for i in items])
+        sampled, logprobs = {}, {}
+        for r, (item, token) in enumerate(zip(items, tokens)):
+            sampled[item.seq_id] = token
+            lp = self.sampler.logprobs(logits[r], item.params, token)
+            if lp is not None:
+                logprobs[item.seq_id] = lp
         return RunnerOutput(sampled, logprobs)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
+        """Logits of the rows that sample (every row with ``keep_logits``); no device value is read back."""
         model, rw = self.model, self.model.cfg.batch_invariant
         h = model.embed_tokens(step.token_ids)
         for block, attn in zip(model.layers, self.attn):
             x, post, comb = map_rows(block.attn_input, rw, h)
             a = attn.forward(x, step, self.tables)
             h = map_rows(block.attn_output_and_ffn, rw, a, h, post, comb, step.token_ids)
+        if not self.keep_logits:
+            if step.sample_rows.shape[0] == 0:
+                return h.new_empty((0, model.cfg.vocab_size), dtype=torch.float32)
+            h = h[step.sample_rows]
         return model.head_logits(h)

@@ -25,12 +25,31 @@ __all__ = ["Sampler"]
 
 
 class Sampler:
-    """``eos_token_id``: the token ``min_tokens`` forbids (with ``stop_token_ids``) until reached."""
+    """``eos_token_id``: the token ``min_tokens`` forbids (with ``stop_token_ids``) until reached.
+    Samples on the logits' device; generators live on ``device``."""
 
-    def __init__(self, seed: int = 0, eos_token_id: int | None = None) -> None:
-        self._shared = torch.Generator().manual_seed(seed)
+    def __init__(self, seed: int = 0, eos_token_id: int | None = None, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self._shared = torch.Generator(device=self.device).manual_seed(seed)
         self._eos = eos_token_id
         self._history: dict[int, SequenceHistory] = {}
+
+    def sample_all(self, logits: torch.Tensor, params: list[SamplingParams], positions: list[int],
+                   seq_ids: list[int]) -> list[int]:
+        """One token per row of ``logits [K, vocab]`` (row ``r``: ``params[r]`` of request ``seq_ids[r]`` at
+        ``positions[r]``). Plain greedy rows take one batched argmax; the step's tokens come back to the
+        host in one read. Rows with logits edits or sampling go through :meth:`sample`."""
+        if not params:
+            return []
+        tokens = torch.argmax(logits, dim=-1)
+        for r, (p, pos, sid) in enumerate(zip(params, positions, seq_ids)):
+            if not (p.greedy and self._plain(p, sid)):
+                tokens[r] = self.sample(logits[r], p, pos, sid)
+        return tokens.tolist()
+
+    def _plain(self, params: SamplingParams, seq_id: int) -> bool:
+        """No logits edit applies: greedy is then the raw argmax."""
+        return not params.logit_bias and self._history.get(seq_id) is None
 
     # ---- per-request history ------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: tuple[int, ...], output: tuple[int, ...], vocab: int,
@@ -73,7 +92,7 @@ class Sampler:
     def _generator(self, params: SamplingParams, position: int) -> torch.Generator:
         if params.seed is None:
             return self._shared
-        return torch.Generator().manual_seed((params.seed * 1_000_003 + position) % (1 << 63))
+        return torch.Generator(device=self.device).manual_seed((params.seed * 1_000_003 + position) % (1 << 63))
 
     @staticmethod
     def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 from atom.model_engine.outputs import ScheduledBatch
 from atom.model_engine.unified_kv_arena import COMPRESS, SWA
 
-__all__ = ["PageTables", "StepInputs", "build_step_inputs"]
+__all__ = ["EntryList", "PageTables", "StepInputs", "build_step_inputs"]
 
 
 class PageTables:
@@ -56,9 +56,27 @@ class PageTables:
             row[: len(pages)] = torch.tensor(pages, dtype=torch.int32, device=row.device)
 
 
+@dataclass(frozen=True)
+class EntryList:
+    """The compressed entries one step completes for one compress ratio, padded to a static size.
+
+    ``seq [E]`` (long): batch index of the entry's sequence, -1 = padding; ``ids [E]`` (long): the
+    entry's index in its sequence (0 for padding). ``E = T // ratio + S`` for a step of ``T`` tokens
+    over ``S`` sequences: a chunk of ``n`` tokens completes at most ``n // ratio + 1`` entries, so the
+    size depends only on the step's shape, never on positions (graph-safe).
+    """
+
+    seq: torch.Tensor
+    ids: torch.Tensor
+
+
 @dataclass
 class StepInputs:
-    """Flat token tensors plus per-sequence metadata (sequences in batch order)."""
+    """Flat token tensors plus per-sequence metadata (sequences in batch order).
+
+    Everything a forward reads is a tensor, or a host value the scheduler's batch already fixed
+    (``max_pos``, ``max_len``, ``any_reset``, ``any_restore``): the forward never reads a device value back.
+    """
 
     token_ids: torch.Tensor  # long [N]
     positions: torch.Tensor  # long [N]
@@ -67,34 +85,56 @@ class StepInputs:
     pos_start: torch.Tensor  # int32 [S]
     slots: torch.Tensor  # int32 [S]: compressor-state page of each request
     rows: torch.Tensor  # int32 [S]: table row of each request
-    reset_slots: list[int]  # state pages to clear before use (first step after admission)
+    reset: torch.Tensor  # bool [S]: clear the state page before use (first step after admission)
     restore_src: torch.Tensor  # int32 [S] SWA page whose CSA state seeds the slot, -1 = none
+    entries: dict[int, EntryList]  # compress ratio -> entries the step completes
+    sample_rows: torch.Tensor  # long [K]: the token rows whose logits are sampled (last token of a sampling seq)
+    max_pos: int  # the largest position in the step
+    max_len: int  # the longest chunk in the step
+    any_reset: bool
+    any_restore: bool
     seq_ids: list[int]
     lengths: list[int]
 
-    @property
-    def any_restore(self) -> bool:
-        return bool((self.restore_src >= 0).any())
+
+def _entry_list(batch: ScheduledBatch, ratio: int, num_tokens: int, device: str | torch.device) -> EntryList:
+    seq, ids = [], []
+    for s, item in enumerate(batch.seqs):
+        first, end = item.start_pos // ratio, (item.start_pos + item.num_tokens) // ratio
+        seq.extend([s] * (end - first))
+        ids.extend(range(first, end))
+    pad = num_tokens // ratio + len(batch.seqs) - len(seq)
+    return EntryList(torch.tensor(seq + [-1] * pad, dtype=torch.long, device=device),
+                     torch.tensor(ids + [0] * pad, dtype=torch.long, device=device))
 
 
-def build_step_inputs(batch: ScheduledBatch, tables: PageTables, device: str | torch.device = "cpu") -> StepInputs:
-    """The step tensors of ``batch``; ``tables`` (already updated by the batch) gives the table rows."""
-    tokens, positions, token_slot, cu = [], [], [], [0]
+def build_step_inputs(batch: ScheduledBatch, tables: PageTables, device: str | torch.device = "cpu",
+                      ratios: tuple[int, ...] = ()) -> StepInputs:
+    """The step tensors of ``batch``; ``tables`` (already updated by the batch) gives the table rows;
+    ``ratios``: the model's compress ratios (entry lists built for each)."""
+    tokens, positions, token_slot, cu, sample_rows = [], [], [], [0], []
     rows = [tables.row_of[s.seq_id] for s in batch.seqs]
     for s, row in zip(batch.seqs, rows):
         tokens.extend(s.token_ids)
         positions.extend(range(s.start_pos, s.start_pos + s.num_tokens))
         token_slot.extend([row] * s.num_tokens)
         cu.append(cu[-1] + s.num_tokens)
+        if s.sample:
+            sample_rows.append(cu[-1] - 1)
 
     def i32(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
 
+    restore = [s.restore_page for s in batch.seqs]
     return StepInputs(
         token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         token_slot=i32(token_slot), cu_seqlens=i32(cu), pos_start=i32([s.start_pos for s in batch.seqs]),
         slots=i32([s.state_slot for s in batch.seqs]), rows=i32(rows),
-        reset_slots=[s.state_slot for s in batch.seqs if s.state_reset],
-        restore_src=i32([s.restore_page for s in batch.seqs]),
+        reset=torch.tensor([s.state_reset for s in batch.seqs], dtype=torch.bool, device=device),
+        restore_src=i32(restore),
+        entries={r: _entry_list(batch, r, len(tokens), device) for r in sorted(set(ratios) - {0})},
+        sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        max_pos=max(positions), max_len=max(s.num_tokens for s in batch.seqs),
+        any_reset=any(s.state_reset for s in batch.seqs), any_restore=any(p >= 0 for p in restore),
         seq_ids=[s.seq_id for s in batch.seqs], lengths=[s.num_tokens for s in batch.seqs])

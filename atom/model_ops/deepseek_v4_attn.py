@@ -18,12 +18,16 @@ Per layer and step, in this order (each step of it through a kernel of :mod:`ato
    ``build_window_index`` / ``build_comp_index``; ``sparse_attention`` with the per-head sink;
 6. inverse RoPE and the grouped output projection (``Attention.project_out``).
 
-CSA pooling reuses the reference compressor's ``pool`` / ``finish`` on rows gathered in the same
-order ([previous block's "b" half; this block's "a" half]), ``index_score``'s reference evaluates the
-reference indexer's ``score`` expression and top-k uses its ``select``, so CSA entries and picks equal
-the reference model's bit for bit. HCA entries differ from the reference's batch softmax by rounding
-only (within 1e-6 relative in fp32), and are bit-identical within the engine however a sequence is
-split into steps or resumed from a prefix hit.
+Every CSA entry the step completes (all sequences) is pooled at once: the reference compressor's
+``entry_sources`` decides which rows an entry pools ([previous block's "b" half; this block's "a" half]),
+``entry_pool`` reads them from the chunk's fresh rows or the request's ring and pools them, then
+``finish_entries``, so CSA entries equal the reference model's up to the rounding of batched ops. Top-k
+scores every query of the step against its visible keys in one batched op (``index_score``, then
+``Indexer.select_scores``: the reference's ``score`` / ``select`` rule, ties to the lower index). HCA
+entries differ from the reference's batch softmax by rounding only (within 1e-6 relative in fp32).
+Within the engine everything is bit-identical however a sequence is split into steps or resumed from a
+prefix hit. No step reads a device value back: entry lists, index widths and flags come from the batch
+(``StepInputs``).
 
 Row formats: with value views (fp32 / bf16) rows are written in the view's dtype. With ``fp8_ds_mla``
 byte views (``views.main_codec`` / ``views.index_codec`` set) the writers get the model's fp32/bf16
@@ -39,7 +43,7 @@ import torch
 
 from atom.kernels.backend import KernelSet
 from atom.model_executor.kv_views import KvViews
-from atom.model_executor.step_inputs import PageTables, StepInputs
+from atom.model_executor.step_inputs import EntryList, PageTables, StepInputs
 from atom.models.deepseek_v4.attention import Attention, Projections
 from atom.models.deepseek_v4.compressor import Compressor
 from atom.models.deepseek_v4.indexer import Indexer
@@ -95,10 +99,11 @@ class PagedDeepseekV4Attention:
     def _prepare_state(self, step: StepInputs) -> None:
         """Clear the CSA rings of newly admitted requests, then restore CSA boundary rows of prefix hits."""
         pools = [self.views.state[self.layer], self.views.index_state[self.layer]]
-        for slot in step.reset_slots:
+        if step.any_reset:
+            slot, reset = step.slots.long(), step.reset[:, None, None]
             for kv, score in pools:
-                kv[slot].zero_()
-                score[slot].fill_(float("-inf"))
+                kv[slot] = kv[slot].masked_fill(reset, 0.0)
+                score[slot] = score[slot].masked_fill(reset, float("-inf"))
         if not step.any_restore:
             return
         csa = self.views.csa[self.layer]
@@ -108,92 +113,59 @@ class PagedDeepseekV4Attention:
 
     def _compress_hca(self, rows: tuple[torch.Tensor, torch.Tensor], step: StepInputs, tables: PageTables) -> None:
         """HCA: advance each request's online accumulator over its chunk (``hca_state_update``), then
-        finish and write the entries the chunk completes. The accumulator needs no reset: a block's
-        first position starts it empty, and a request always starts at a block boundary."""
+        finish and write every entry the chunk completes at once (its pooled row sits at the block's last
+        token). The accumulator needs no reset: a block's first position starts it empty, and a request
+        always starts at a block boundary."""
         comp = self.attn.compressor
         kv, score = (r.contiguous() for r in rows)
         pooled = torch.empty_like(kv)
         self.k.hca_state_update(kv, score, torch.zeros_like(comp.ape), self.views.hca[self.layer], step.slots,
-                                step.cu_seqlens, step.pos_start, pooled)
-        m, tok, seq_of, entry_ids = comp.ratio, [], [], []
-        for s, row in enumerate(step.rows.tolist()):
-            lo, start = int(step.cu_seqlens[s]), int(step.pos_start[s])
-            end = start + int(step.cu_seqlens[s + 1]) - lo
-            for i in range(start // m, end // m):  # entries whose last position (i+1)m-1 runs in this chunk
-                tok.append(lo + (i + 1) * m - 1 - start)
-                seq_of.append(row)
-                entry_ids.append(i)
-        if tok:
-            entries = torch.stack([comp.finish(pooled[t], i) for t, i in zip(tok, entry_ids)])
-            self._write_entries(entries, seq_of, entry_ids, tables)
+                                step.cu_seqlens, step.pos_start, pooled, max_len=step.max_len)
+        ent = step.entries[comp.ratio]
+        seq = ent.seq.clamp(min=0)
+        tok = step.cu_seqlens.long()[seq] + (ent.ids + 1) * comp.ratio - 1 - step.pos_start.long()[seq]
+        tok = torch.where(ent.seq >= 0, tok, 0)  # padding entries read row 0 and are not written
+        self._write_entries(comp.finish_entries(pooled[tok], ent.ids), ent, step, tables, self.views.comp[self.layer],
+                            self.comp_region, self.views.main_codec)
 
-    def _write_entries(self, entries: torch.Tensor, seq_of: list[int], entry_ids: list[int],
-                       tables: PageTables) -> None:
-        out_rows, region, codec = self.views.comp[self.layer], self.comp_region, self.views.main_codec
-        dev = out_rows.device
-        self.k.compressed_write(_values(entries, out_rows, codec), out_rows, tables.comp,
-                                torch.tensor(seq_of, dtype=torch.int32, device=dev),
-                                torch.tensor(entry_ids, dtype=torch.int32, device=dev),
-                                entries_per_block=region.used_rows, pages_per_chunk=region.pages_per_chunk,
-                                chunk_rows=region.chunk_rows, codec=codec)
+    def _write_entries(self, entries: torch.Tensor, ent: EntryList, step: StepInputs, tables: PageTables,
+                       out_rows: torch.Tensor, region, codec) -> None:
+        row = torch.where(ent.seq >= 0, step.rows[ent.seq.clamp(min=0)], -1)
+        self.k.compressed_write(_values(entries, out_rows, codec), out_rows, tables.comp, row,
+                                ent.ids.to(torch.int32), entries_per_block=region.used_rows,
+                                pages_per_chunk=region.pages_per_chunk, chunk_rows=region.chunk_rows, codec=codec)
 
     def _compress(self, comp: Compressor, rows: tuple[torch.Tensor, torch.Tensor], step: StepInputs,
                   tables: PageTables, state: tuple[torch.Tensor, torch.Tensor], out_rows: torch.Tensor,
                   region, which: str, codec) -> None:
-        kv, score = rows
-        entries, seq_of, entry_ids = [], [], []
-        for s, (slot, row) in enumerate(zip(step.slots.tolist(), step.rows.tolist())):
-            lo, hi = int(step.cu_seqlens[s]), int(step.cu_seqlens[s + 1])
-            start = int(step.pos_start[s])
-            for i, entry in self._entries(comp, kv[lo:hi], score[lo:hi], start, state[0][slot], state[1][slot]):
-                entries.append(entry)
-                seq_of.append(row)
-                entry_ids.append(i)
+        kv, score = rows[0].contiguous(), rows[1].contiguous()
+        ent = step.entries[comp.ratio]
+        entries = self._finished_entries(comp, kv, score, step, ent, state)  # reads the ring before the update
         zero_ape = torch.zeros_like(comp.ape)  # the projected score rows already include ape[pos % m]
-        self.k.compressor_state_update(kv.contiguous(), score.contiguous(), zero_ape, state[0], state[1],
-                                       step.slots, step.cu_seqlens, step.pos_start)
-        if self.attn.indexer is not None:
-            csa = self.views.csa[self.layer]
-            dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
-            self.k.csa_boundary_capture(kv.contiguous(), score.contiguous(), zero_ape, dst[0], dst[1],
-                                        tables.swa[step.rows.long()], step.cu_seqlens, step.pos_start,
-                                        block_size=self.block_size)
-        if entries:
-            dev = out_rows.device
-            seq_t = torch.tensor(seq_of, dtype=torch.int32, device=dev)
-            entry_t = torch.tensor(entry_ids, dtype=torch.int32, device=dev)
-            self.k.compressed_write(_values(torch.stack(entries), out_rows, codec), out_rows, tables.comp,
-                                    seq_t, entry_t, entries_per_block=region.used_rows,
-                                    pages_per_chunk=region.pages_per_chunk, chunk_rows=region.chunk_rows,
-                                    codec=codec)
+        self.k.compressor_state_update(kv, score, zero_ape, state[0], state[1], step.slots, step.cu_seqlens,
+                                       step.pos_start)
+        csa = self.views.csa[self.layer]
+        dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
+        self.k.csa_boundary_capture(kv, score, zero_ape, dst[0], dst[1], tables.swa[step.rows.long()],
+                                    step.cu_seqlens, step.pos_start, block_size=self.block_size)
+        self._write_entries(entries, ent, step, tables, out_rows, region, codec)
 
-    def _entries(self, comp: Compressor, kv: torch.Tensor, score: torch.Tensor, start: int,
-                 ring_kv: torch.Tensor, ring_score: torch.Tensor):
-        """Yield ``(i, entry)`` for every entry the chunk ``[start, start + T)`` completes."""
-        m, ring, c = comp.ratio, comp.ring_size, comp.head_dim
-        end = start + kv.shape[0]
-
-        def row(pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-            if pos >= start:
-                return kv[pos - start], score[pos - start]
-            return ring_kv[pos % ring], ring_score[pos % ring]
-
-        for i in range(start // m, end // m):  # entries whose last position (i+1)m-1 runs in this chunk
-            cur = [row(4 * i + j if comp.overlap else m * i + j) for j in range(m)]
-            if not comp.overlap:
-                rows_kv = torch.stack([r[0] for r in cur])
-                rows_score = torch.stack([r[1] for r in cur])
-            else:
-                if i == 0:  # block -1 is padding: kv 0, score -inf
-                    prev_kv = torch.zeros(4, c, device=kv.device)
-                    prev_score = torch.full((4, c), float("-inf"), device=kv.device)
-                else:
-                    prev = [row(4 * i - 4 + j) for j in range(4)]
-                    prev_kv = torch.stack([r[0][:c] for r in prev])
-                    prev_score = torch.stack([r[1][:c] for r in prev])
-                rows_kv = torch.cat((prev_kv, torch.stack([r[0][c:] for r in cur])), 0)
-                rows_score = torch.cat((prev_score, torch.stack([r[1][c:] for r in cur])), 0)
-            yield i, comp.finish(comp.pool(rows_kv, rows_score), i)
+    def _finished_entries(self, comp: Compressor, kv: torch.Tensor, score: torch.Tensor, step: StepInputs,
+                          ent: EntryList, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Every entry of ``ent`` at once, ``[E, c]``: ``Compressor.entry_sources`` says which rows each pools;
+        a row at a position inside its sequence's chunk comes from the fresh projections, an earlier one from
+        the slot's ring (``entry_pool``); padding entries give rows that ``compressed_write`` skips."""
+        seq = ent.seq.clamp(min=0)
+        start = step.pos_start.long()[seq][:, None]
+        first = step.cu_seqlens.long()[seq][:, None]
+        slot = step.slots.long()[seq][:, None]
+        pos, col, pad = comp.entry_sources(ent.ids)
+        live = (ent.seq >= 0)[:, None]  # padding entries read padding rows only (their indices may be anything)
+        fresh = (pos >= start) & ~pad & live
+        fresh_row = torch.where(fresh, first + pos - start, -1).to(torch.int32)
+        ring_row = torch.where(fresh | pad | ~live, -1, slot * comp.ring_size + pos % comp.ring_size).to(torch.int32)
+        pooled = self.k.entry_pool(kv, score, state[0], state[1], fresh_row, ring_row, col, width=comp.head_dim)
+        return comp.finish_entries(pooled, ent.ids)
 
     # ---- index lists --------------------------------------------------------------------------
     def _comp_index(self, p: Projections, step: StepInputs, tables: PageTables, pos32: torch.Tensor) -> torch.Tensor:
@@ -201,33 +173,31 @@ class PagedDeepseekV4Attention:
         geo = dict(ratio=self.ratio, entries_per_block=reg.used_rows, pages_per_chunk=reg.pages_per_chunk,
                    chunk_rows=reg.chunk_rows)
         if self.attn.indexer is None:
-            width = max(1, int(step.positions.max()) + 1) // self.ratio
-            return self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=max(width, 1), **geo)
+            width = bucket((step.max_pos + 1) // self.ratio)
+            return self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=width, **geo)
         picks = self._topk(self.attn.indexer, p, step, tables, pos32)
         return self.k.build_comp_index(tables.comp, step.token_slot, pos32, picks, width=picks.shape[1], **geo)
 
     def _topk(self, indexer: Indexer, p: Projections, step: StepInputs, tables: PageTables,
               pos32: torch.Tensor) -> torch.Tensor:
-        """int32 ``[T, index_topk]`` logical entries each query attends (ascending, -1 padded)."""
+        """int32 ``[T, index_topk]`` logical entries each query attends (ascending, -1 padded), for every
+        query of the step at once over its keys gathered from the arena."""
         reg = self.index_region
-        n_max = max(1, (int(step.positions.max()) + 1) // 4)
-        key_rows = self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=n_max, ratio=4,
+        width = bucket((step.max_pos + 1) // 4)
+        key_rows = self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=width, ratio=4,
                                            entries_per_block=reg.used_rows, pages_per_chunk=reg.pages_per_chunk,
                                            chunk_rows=reg.chunk_rows)
         scores = self.k.index_score(p.index_q.contiguous(), p.index_w.contiguous(), self.views.index[self.layer],
                                     key_rows, codec=self.views.index_codec)
-        topk = self.cfg.index_topk
-        out = torch.full((step.positions.shape[0], topk), -1, dtype=torch.int32, device=step.positions.device)
-        for t, pos in enumerate(step.positions.tolist()):
-            n = (pos + 1) // 4
-            if n == 0:
-                continue
-            chosen = indexer.select(scores[t, :n], topk)
-            out[t, : chosen.numel()] = chosen.to(torch.int32)
-        return out
+        return indexer.select_scores(scores, (step.positions + 1) // 4, self.cfg.index_topk)
 
 
 def _values(x: torch.Tensor, rows: torch.Tensor, codec) -> torch.Tensor:
     """``x`` as the values a writer / reader of ``rows`` takes: the view's dtype for value rows, the
     model's own fp32/bf16 for byte rows (the kernel encodes them)."""
     return (x if codec is not None else x.to(rows.dtype)).contiguous()
+
+
+def bucket(n: int) -> int:
+    """Index widths are rounded up to a power of two (>= 1), so steps share a few shapes."""
+    return 1 << max(int(n) - 1, 0).bit_length()

@@ -15,6 +15,7 @@ blocked in a collective that can never complete. ``close()`` (also run at exit) 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import multiprocessing.connection
 import os
 import sys
@@ -115,6 +116,7 @@ def start_parallel_runner(spec: RankSpec, *, keep_logits: bool = False, group: R
                           out: TextIO = sys.stderr) -> DistributedRunner:
     """Rank 0 of ``spec.config.parallel``: spawn and join the workers (or use the launcher's ``group``)."""
     size = spec.config.parallel.world_size
+    spec = dataclasses.replace(spec, keep_logits=keep_logits)
     workers: list = []
     watchdog = None
     if torch.device(spec.device).type == "cpu":

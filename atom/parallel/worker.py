@@ -41,6 +41,7 @@ class RankSpec:
     batch_invariant: bool = False
     device: str = "cpu"
     eos_token_id: int | None = None  # for ``min_tokens`` in the sampler
+    keep_logits: bool = False  # every rank runs the head over the same rows (its all-gather is collective)
 
 
 def shard_plan_for(config: EngineConfig, rank: int, size: int, cfg: DeepseekV4Config) -> ShardPlan:
@@ -90,7 +91,7 @@ def worker_main(spec: RankSpec, rank: int, size: int, init_method: str, parent_p
 
         limit_cpu_threads(size)
     group = join(rank, size, init_method, spec.device)
-    runner, held = build_rank_runner(spec, group)
+    runner, held = build_rank_runner(spec, group, keep_logits=spec.keep_logits)
     group.gather(held)
     serve_steps(group, runner)
     group.leave()

@@ -50,5 +50,5 @@ def make_engine(tiny_dir, reference):
                             swa_retention_interval=interval, kv_cache_dtype=kv_cache_dtype)
         cfg = EngineConfig(ModelConfig(path=str(tiny_dir)), limits, cache)
         return build_engine(cfg, keep_logits=True, poison=poison, kernel_backend=backend,
-                            batch_invariant=batch_invariant, quant_sim=quant_sim)
+                            batch_invariant=batch_invariant, quant_sim=quant_sim, value_checks=True)
     return make

@@ -116,8 +116,9 @@ class Attention(nn.Module):
         g, r = self.n_groups, self.cfg.o_lora_rank
         o = o.reshape(o.shape[0], g, -1)
         wo_a = self.wo_a.weight.view(g, r, -1)
-        z = torch.einsum("tgd,grd->tgr", o.to(wo_a.dtype), wo_a).flatten(1)
-        return self.comm.all_reduce(self.wo_b(z))
+        z = torch.bmm(o.to(wo_a.dtype).transpose(0, 1), wo_a.transpose(1, 2))  # [g, T, r]
+        # an explicit copy to [T, g * r]: a reshape would copy for T > 1 only (op count independent of T)
+        return self.comm.all_reduce(self.wo_b(z.transpose(0, 1).clone(memory_format=torch.contiguous_format).view(o.shape[0], -1)))
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> Projections:
         """All token-local projections of this layer for ``x [T, dim]`` (see ``Projections``)."""

@@ -6,12 +6,18 @@ Contract for the paged engine (every piece is callable on its own):
   ``ape[pos % m]`` (``project_raw(x)`` gives it without).  ``coff`` = 2 on CSA (overlap), 1 on HCA.  These are
   exactly the rows of the compressor state.
 * State ring: CSA ``[8, 2c]`` indexed by ``pos % 8``; HCA ``[m, c]`` indexed by ``pos % m`` (kv and score rings).
-* ``block_rows(state, i) -> (kv, score)``: the rows pooled into entry ``i`` read from the ring.  CSA: ``[8, c]`` =
-  the "b" half (``[:c]``) of block ``i-1`` (tokens 4i-4..4i-1) then the "a" half (``[c:]``) of block ``i``; block
-  ``-1`` is padding (kv = 0, score = -inf) and is never read from the ring.  HCA: ``[m, c]``, the block's rows.
-* ``pool(kv_rows, score_rows) -> [c]``: per-channel softmax over the rows of ``score``, weighted sum of ``kv``.
-* ``finish(pooled, i) -> [c]``: RMSNorm (own weight), RoPE at position ``i*m``, then the quantization round-trip
-  when ``quant_sim`` (main: FP8 on NoPE dims, bf16 on RoPE dims; indexer: Hadamard + FP4).
+* ``entry_sources(ids) -> (positions, col, pad)``: the one statement of which rows are pooled into entries
+  ``ids [E]``; ``entry_rows(read, ids) -> (kv, score)`` (``[E, R, c]``) applies it given
+  ``read(positions [E, R]) -> full-width (kv, score) rows``, and the engine's ``entry_pool`` kernel takes it.  CSA: ``R = 8`` = the "b" half
+  (``[:c]``) of block ``i-1`` (tokens 4i-4..4i-1) then the "a" half (``[c:]``) of block ``i``; block ``-1`` is
+  padding (kv = 0, score = -inf; ``read`` sees position 0 there and its rows are discarded).  HCA: ``R = m``, the
+  block's rows.  The reference reads its ring (``block_rows``); the paged engine reads the chunk's fresh rows or
+  its ring, for every entry the step completes at once.
+* ``pool(kv_rows, score_rows) -> [..., c]``: per-channel softmax over the rows (dim -2) of ``score``, weighted sum
+  of ``kv``; any leading batch dims.
+* ``finish_entries(pooled [E, c], ids [E]) -> [E, c]`` (``finish(pooled, i)`` for one): RMSNorm (own weight), RoPE
+  at position ``i*m``, then the quantization round-trip when ``quant_sim`` (main: FP8 on NoPE dims, bf16 on RoPE
+  dims; indexer: Hadamard + FP4).
 * ``extend_rows(kv, score, positions, state, entries)`` (``extend`` = ``project`` + this): write each token's
   rows into the ring in order and emit entry ``p // m`` into ``entries`` as soon as token ``p`` completes its
   block.  Prefill and decode share this path, so given the same projected rows the compressed entries are
@@ -19,6 +25,8 @@ Contract for the paged engine (every piece is callable on its own):
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -63,36 +71,56 @@ class Compressor(nn.Module):
         kv, score = self.project_raw(x)
         return kv, score + self.ape[positions % self.ratio]
 
+    def entry_sources(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where the rows of entries ``ids [E]`` come from: ``(positions [E, R], col [R], pad [E, R])``.
+
+        Row ``r`` of entry ``i`` is columns ``col[r] : col[r] + c`` of the state row at ``positions[e, r]``;
+        ``pad`` marks the CSA block ``-1`` (kv 0, score -inf).  CSA: positions ``4i-4 .. 4i+3``, ``col`` 0 (the
+        "b" half) for the first 4 rows and ``c`` (the "a" half) for the last 4.  HCA: ``mi .. mi+m-1``, col 0."""
+        if self.overlap:
+            r = torch.arange(8, device=ids.device)
+            pos = 4 * ids[:, None] - 4 + r
+            return pos, torch.where(r < 4, 0, self.head_dim).to(torch.int32), pos < 0
+        pos = self.ratio * ids[:, None] + torch.arange(self.ratio, device=ids.device)
+        return pos, torch.zeros(self.ratio, dtype=torch.int32, device=ids.device), pos < 0
+
+    def entry_rows(self, read: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                   ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``(kv, score)`` rows ``[E, R, c]`` pooled into entries ``ids`` (see ``entry_sources``)."""
+        pos, col, pad = self.entry_sources(ids)
+        kv, score = read(pos.clamp(min=0))
+        cols = (col.long()[:, None] + torch.arange(self.head_dim, device=ids.device)).expand(*pos.shape, -1)
+        kv, score = kv.gather(-1, cols), score.gather(-1, cols)
+        return kv.masked_fill(pad[..., None], 0.0), score.masked_fill(pad[..., None], float("-inf"))
+
     def block_rows(self, state: CompressorState, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``(kv, score)`` rows pooled into entry ``i``, read from the state ring (see module docstring)."""
-        m, c = self.ratio, self.head_dim
-        if not self.overlap:
-            slots = [(m * i + j) % m for j in range(m)]
-            return state.kv[slots], state.score[slots]
-        cur = [(4 * i + j) % 8 for j in range(4)]
-        if i == 0:
-            prev_kv = torch.zeros(4, c, device=state.kv.device)
-            prev_score = torch.full((4, c), float("-inf"), device=state.kv.device)
-        else:
-            prev = [(4 * i - 4 + j) % 8 for j in range(4)]
-            prev_kv, prev_score = state.kv[prev, :c], state.score[prev, :c]
-        return (torch.cat((prev_kv, state.kv[cur, c:]), 0), torch.cat((prev_score, state.score[cur, c:]), 0))
+        """The ``(kv, score)`` rows ``[R, c]`` pooled into entry ``i``, read from the state ring."""
+        ring = self.ring_size
+        kv, score = self.entry_rows(lambda p: (state.kv[p % ring], state.score[p % ring]),
+                                    torch.tensor([i], device=state.kv.device))
+        return kv[0], score[0]
 
     @staticmethod
     def pool(kv_rows: torch.Tensor, score_rows: torch.Tensor) -> torch.Tensor:
-        """Per-channel softmax over rows of ``score_rows``, then the weighted sum of ``kv_rows``: ``[n, c] -> [c]``."""
-        return (kv_rows * score_rows.softmax(dim=0)).sum(dim=0)
+        """Per-channel softmax over the rows of ``score_rows``, then the weighted sum of ``kv_rows``:
+        ``[..., n, c] -> [..., c]``."""
+        return (kv_rows * score_rows.softmax(dim=-2)).sum(dim=-2)
 
-    def finish(self, pooled: torch.Tensor, i: int) -> torch.Tensor:
-        """Entry ``i`` from its pooled row: RMSNorm, RoPE at ``i * m``, quantization round-trip if enabled."""
-        e = self.norm(pooled[None].float())
-        e = apply_rope(e, torch.tensor([i * self.ratio], device=e.device), self.freqs)
+    def finish_entries(self, pooled: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Entries ``ids [E]`` from their pooled rows ``[E, c]``: RMSNorm, RoPE at ``i * m``, quantization
+        round-trip if enabled."""
+        e = self.norm(pooled.float())
+        e = apply_rope(e, ids * self.ratio, self.freqs)
         if self.cfg.quant_sim:
             if self.for_indexer:
                 e = fp4_roundtrip(hadamard_rotate(e), self.cfg.fp4_block)
             else:
                 e = kv_row_roundtrip(e, self.cfg.nope_dim, self.cfg.fp8_block)
-        return e[0]
+        return e
+
+    def finish(self, pooled: torch.Tensor, i: int) -> torch.Tensor:
+        """Entry ``i`` from its pooled row ``[c]`` (``finish_entries`` for one entry)."""
+        return self.finish_entries(pooled[None], torch.tensor([i], device=pooled.device))[0]
 
     def extend(self, x: torch.Tensor, positions: torch.Tensor, state: CompressorState,
                entries: torch.Tensor) -> list[int]:

@@ -58,6 +58,32 @@ class Indexer(nn.Module):
         order = torch.sort(scores, descending=True, stable=True).indices[:k]
         return torch.sort(order).values
 
+    @staticmethod
+    @staticmethod
+    def select_all(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
+                   topk: int) -> torch.Tensor:
+        """``select(score(...))`` for every query at once: int32 ``[T, topk]``, each row its picks ascending then
+        -1 padding.  ``q [T, nI, cI]``, ``w [T, nI]``, ``keys [T, N, cI]`` (row ``t``: query ``t``'s candidate
+        keys, entry order), ``visible [T]``: query ``t`` may pick entries ``< visible[t]`` (keys past that are
+        ignored, whatever they hold)."""
+        scores = (torch.relu(q.float() @ keys.float().transpose(1, 2)) * w.float()[:, :, None]).sum(dim=1)
+        return Indexer.select_scores(scores, visible, topk)
+
+    @staticmethod
+    def select_scores(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> torch.Tensor:
+        """The picks of ``select_all`` from the scores ``[T, N]`` of every query's candidates (entry order)."""
+        n = scores.shape[1]
+        entry = torch.arange(n, device=scores.device)
+        ok = entry[None, :] < visible[:, None]
+        scores = torch.where(ok, scores, float("-inf"))
+        order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, : min(topk, n)]
+        picked = torch.where(order < visible[:, None], order, n)  # n sorts after every real entry
+        picked = torch.sort(picked, dim=1).values
+        picked = torch.where(picked == n, -1, picked).to(torch.int32)
+        if picked.shape[1] < topk:
+            picked = torch.cat((picked, picked.new_full((picked.shape[0], topk - picked.shape[1]), -1)), dim=1)
+        return picked
+
     def select_chunk(self, q: torch.Tensor, w: torch.Tensor, positions: torch.Tensor,
                      keys: torch.Tensor) -> list[torch.Tensor]:
         """Each query's picks (ascending entry ids) given its projected ``q``/``w`` and the key cache, which must

@@ -10,14 +10,16 @@ projected by ``fn [(2+hc)*hc, hc*d]`` into mixing logits:
 * output ``h'_k = post_k * f(y) + sum_j comb[j, k] h_j``.
 
 The final head gate uses ``pre = sigmoid(mix * s + b) + eps`` only.  Everything is per token and fp32; sums over
-the ``hc`` copies are written as explicit loops (fixed order).
+the ``hc`` copies run in a fixed order (one sum over a stacked dim).  The Sinkhorn iterations are one op,
+``torch.ops.atom.hc_sinkhorn`` (:mod:`atom.kernels.hc_sinkhorn`), so a step's op count does not grow with them.
 """
 
 from __future__ import annotations
 
 import torch
-
 import torch.nn.functional as F
+
+import atom.kernels.hc_sinkhorn  # noqa: F401  (registers torch.ops.atom.hc_sinkhorn)
 
 
 def hc_mixes(h: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,21 +35,13 @@ def sinkhorn_split(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
     pre = torch.sigmoid(mixes[:, :hc] * scale[0] + base[:hc]) + eps
     post = 2 * torch.sigmoid(mixes[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
     comb = mixes[:, 2 * hc :].reshape(-1, hc, hc) * scale[2] + base[2 * hc :].reshape(hc, hc)
-    comb = comb.softmax(dim=-1) + eps
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    for _ in range(iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    return pre, post, comb
+    return pre, post, torch.ops.atom.hc_sinkhorn(comb.float().contiguous(), iters, float(eps))
 
 
 def weighted_copies(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-    """``sum_k pre[:, k] * h[:, k]``: ``[T, hc, d], [T, hc] -> [T, d]`` (fp32, fixed summation order)."""
-    hf = h.float()
-    y = pre[:, 0:1] * hf[:, 0]
-    for k in range(1, h.shape[1]):
-        y = y + pre[:, k : k + 1] * hf[:, k]
-    return y
+    """``sum_k pre[:, k] * h[:, k]``: ``[T, hc, d], [T, hc] -> [T, d]`` (fp32; a sum over dim 1, which adds the
+    copies in order k = 0, 1, ..., like an explicit loop)."""
+    return (pre[:, :, None] * h.float()).sum(dim=1)
 
 
 def hc_pre(h: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int, eps: float,
@@ -60,15 +54,9 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.T
 
 def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """``h'_k = post_k * y + sum_j comb[j, k] * residual_j`` -> ``[T, hc, d]``."""
-    hc = residual.shape[1]
-    yf, rf = y.float(), residual.float()
-    outs = []
-    for k in range(hc):
-        acc = post[:, k : k + 1] * yf
-        for j in range(hc):
-            acc = acc + comb[:, j, k : k + 1] * rf[:, j]
-        outs.append(acc)
-    return torch.stack(outs, dim=1).to(residual.dtype)
+    terms = torch.cat((post[:, None, :, None] * y.float()[:, None, None, :],
+                       comb[:, :, :, None] * residual.float()[:, :, None, :]), dim=1)  # [T, 1 + hc (j), hc (k), d]
+    return terms.sum(dim=1).to(residual.dtype)  # post term first, then j = 0, 1, ... in order
 
 
 def hc_head(h: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, eps: float,

@@ -103,10 +103,67 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """``[T, dim] -> [T, dim]``; each token adds its experts' outputs in ascending expert order."""
         weights, idx = self.gate(x, token_ids)
+        if self.grouped:
+            y = self.routed(x, weights, idx)
+        else:
+            y = self.routed_per_expert(x, weights, idx)
+        return self.comm.all_reduce(y + self.shared_experts(x).float()).to(x.dtype)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the routed experts run as one grouped GEMM: every expert held here with dense weights.
+        Quantized experts (FP8 / MXFP4: their GEMM ops take one weight each) and expert-parallel ranks
+        (other ranks' experts are absent) run :meth:`routed_per_expert`."""
+        return len(self.expert_range) == len(self.experts) and self.experts[0].w1.fmt == "dense"
+
+    def routed_per_expert(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """fp32 ``[T, dim]``: one GEMM per expert present in ``idx`` and held on this rank (host-synced)."""
         y = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
         for e in torch.unique(idx).tolist():
             if e not in self.expert_range:
                 continue
             rows, slot = torch.nonzero(idx == e, as_tuple=True)
             y.index_add_(0, rows, self.experts[e](x[rows], weights[rows, slot]).float())
-        return self.comm.all_reduce(y + self.shared_experts(x).float()).to(x.dtype)
+        return y
+
+    def routed(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """fp32 ``[T, dim]``: the (token, expert) pairs sorted by expert, one grouped GEMM over them (here one
+        batched matmul with each row's expert weights), then each token's outputs summed in ascending expert order.
+        Shapes depend only on ``T`` and top-k: no per-expert loop, no data-dependent sizes."""
+        t, k = idx.shape
+        flat = idx.clone(memory_format=torch.contiguous_format).view(-1)  # same ops whatever idx's strides
+        order = torch.sort(flat, stable=True).indices  # grouped by expert, token order inside a group
+        expert, rows = flat[order], order // k
+        out = grouped_swiglu(x[rows], self.stacked_weights(), expert, weights.reshape(-1)[order], self.experts[0].limit)
+        back = torch.empty_like(out)
+        back[order] = out
+        by_expert = torch.sort(idx, dim=1, stable=True).indices  # each token's slots in ascending expert order
+        back = back.reshape(t, k, -1).gather(1, by_expert[:, :, None].expand(-1, -1, out.shape[1]))
+        y = back[:, 0]
+        for j in range(1, k):
+            y = y + back[:, j]
+        return y
+
+    def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(w1 [E, inter, dim], w3 [E, inter, dim], w2 [E, dim, inter])`` of the routed experts, stacked once and
+        kept until the parameters change (a grouped GEMM reads one weight tensor per projection)."""
+        params = [(e.w1.weight, e.w3.weight, e.w2.weight) for e in self.experts]
+        key = tuple((p.data_ptr(), p._version) for trio in params for p in trio)
+        if getattr(self, "_stack_key", None) != key:
+            self._stack = tuple(torch.stack([trio[j] for trio in params]) for j in range(3))
+            self._stack_key = key
+        return self._stack
+
+
+def grouped_swiglu(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor, torch.Tensor], expert: torch.Tensor,
+                   route_w: torch.Tensor, limit: float) -> torch.Tensor:
+    """Torch reference of the grouped expert GEMM: row ``r`` of ``x [R, dim]`` through expert ``expert[r]``
+    (clamped SwiGLU, routing weight ``route_w[r]`` on the activation) -> fp32 ``[R, dim]``."""
+    w1, w3, w2 = (t[expert] for t in w)
+    xr = x.to(w1.dtype)[:, :, None]
+    gate, up = (w1 @ xr)[..., 0].float(), (w3 @ xr)[..., 0].float()
+    if limit > 0:
+        up = up.clamp(-limit, limit)
+        gate = gate.clamp(max=limit)
+    h = route_w[:, None] * (F.silu(gate) * up)
+    return (w2 @ h.to(w2.dtype)[:, :, None])[..., 0].float()

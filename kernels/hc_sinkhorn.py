@@ -1,0 +1,94 @@
+"""The mHC Sinkhorn normalisation of every token's ``hc x hc`` mixing matrix, as one op.
+
+Contract: ``comb [T, hc, hc]`` fp32 logits (already scaled and biased) ->
+``c = softmax(comb, -1) + eps``; ``c = c / (colsum(c) + eps)``; then ``iters - 1`` rounds of
+``c = c / (rowsum(c) + eps)``; ``c = c / (colsum(c) + eps)`` (rowsum over the last dim, colsum over
+dim -2), fp32. This is the only mHC step whose cost in ops grows with the iteration count, so it is
+one op: :func:`hc_sinkhorn_ref` (the torch reference, a loop) and :func:`hc_sinkhorn` (one Triton
+program per block of tokens, the iterations in registers) share the contract.
+
+``torch.ops.atom.hc_sinkhorn`` is the entry point the model calls. It is a registered torch op so
+that (a) it is one op to the dispatcher (a step's op count does not scale with ``iters``; the CPU
+implementation runs the reference inside it) and (b) the model, which runs inside token-local code
+that holds no kernel set, gets the Triton body on CUDA tensors and the reference elsewhere. The
+Triton body is the same arithmetic in the same order per element; exp and division may differ from
+torch's in the last bit, so the GPU test compares within 1e-6.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import HAS_TRITON, check_positive, check_rows, require_triton, triton, tl
+
+__all__ = ["hc_sinkhorn", "hc_sinkhorn_ref"]
+
+
+def _check(comb: torch.Tensor, iters: int, eps: float) -> None:
+    check_rows("comb", comb, ndim=3, dtype=torch.float32)
+    if comb.shape[1] != comb.shape[2]:
+        raise ValueError(f"comb must be [T, hc, hc], got shape {tuple(comb.shape)}")
+    check_positive("iters", iters)
+    if not isinstance(eps, float) or not eps >= 0:
+        raise ValueError(f"eps must be a float >= 0, got {eps!r}")
+
+
+def hc_sinkhorn_ref(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """Torch reference of :func:`hc_sinkhorn` (same contract)."""
+    _check(comb, iters, eps)
+    c = comb.softmax(dim=-1) + eps
+    c = c / (c.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        c = c / (c.sum(dim=-1, keepdim=True) + eps)
+        c = c / (c.sum(dim=-2, keepdim=True) + eps)
+    return c
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _hc_sinkhorn_kernel(in_ptr, out_ptr, num_tokens, iters, eps, HC: tl.constexpr, BLOCK_T: tl.constexpr):
+        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        r = tl.arange(0, HC)
+        offs = t[:, None, None] * (HC * HC) + r[None, :, None] * HC + r[None, None, :]
+        ok = (t < num_tokens)[:, None, None] & (offs >= 0)
+        x = tl.load(in_ptr + offs, mask=ok, other=0.0)
+        x = tl.exp(x - tl.max(x, axis=2)[:, :, None])
+        c = x / tl.sum(x, axis=2)[:, :, None] + eps
+        c = c / (tl.sum(c, axis=1)[:, None, :] + eps)
+        for _ in range(iters - 1):
+            c = c / (tl.sum(c, axis=2)[:, :, None] + eps)
+            c = c / (tl.sum(c, axis=1)[:, None, :] + eps)
+        tl.store(out_ptr + offs, c, mask=ok)
+
+
+def hc_sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """Sinkhorn-normalised ``[T, hc, hc]`` mixing matrices (see the module docstring); ``hc`` a power of 2."""
+    _check(comb, iters, eps)
+    require_triton("hc_sinkhorn")
+    hc = comb.shape[1]
+    if hc & (hc - 1):
+        raise ValueError(f"hc_sinkhorn needs hc a power of two, got {hc}")
+    x = comb.contiguous()
+    out = torch.empty_like(x)
+    if x.shape[0]:
+        block = 16
+        _hc_sinkhorn_kernel[(triton.cdiv(x.shape[0], block),)](x, out, x.shape[0], iters, eps, HC=hc, BLOCK_T=block)
+    return out
+
+
+@torch.library.custom_op("atom::hc_sinkhorn", mutates_args=())
+def _hc_sinkhorn_op(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    return hc_sinkhorn_ref(comb, iters, eps)
+
+
+@_hc_sinkhorn_op.register_fake
+def _(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    return torch.empty_like(comb)
+
+
+if HAS_TRITON:
+
+    @_hc_sinkhorn_op.register_kernel("cuda")
+    def _(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+        return hc_sinkhorn(comb, iters, eps)

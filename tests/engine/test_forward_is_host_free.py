@@ -1,0 +1,56 @@
+"""One decode step of the paged engine reads nothing back from the device and dispatches the same ops
+whatever the batch size (what CUDA-graph capture needs), counted with a TorchDispatchMode."""
+
+import pytest
+import torch
+
+from atom.bench.forward import make_engine, prompt
+from atom.bench.op_count import SYNC_OPS, OpCounter
+from atom.models.deepseek_v4.checkpoint import random_state_dict
+from atom.models.deepseek_v4.config import DeepseekV4Config
+from atom.models.deepseek_v4.model import DeepseekV4Model
+from atom.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def thin():
+    """Flash-like structure (SWA, CSA and HCA layers, hash-routed layers, top-k routing) at toy widths."""
+    cfg = DeepseekV4Config.tiny(n_mtp_layers=0, compress_ratios=(0, 4, 16, 4, 16, 4), vocab_size=1024)
+    model = DeepseekV4Model(cfg)
+    model.load_state_dict(random_state_dict(cfg, seed=3))
+    return model.eval()
+
+
+def decode_step_ops(model, batch_size):
+    """(ops of the forward inside one decode step of ``batch_size`` requests, the RunnerOutput)."""
+    engine = make_engine(model, batch_size, 64, 40 * batch_size)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for i in range(batch_size):
+        engine.add_request(prompt(31 + i % 3, i), params)  # some requests complete CSA/HCA entries this step
+    sched, runner = engine.scheduler, engine.runner
+    sched.postprocess(prefill := sched.schedule(), runner.execute(prefill))
+    batch = sched.schedule()
+    assert len(batch.seqs) == batch_size and all(s.num_tokens == 1 for s in batch.seqs)
+    inner, counters = runner._forward, []
+
+    def counted(step):
+        with OpCounter() as c:
+            out = inner(step)
+        counters.append(c)
+        return out
+
+    runner._forward = counted
+    out = runner.execute(batch)
+    return counters[0], out
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_a_decode_step_never_syncs_and_its_op_count_does_not_depend_on_the_batch_size(thin):
+    one, out1 = decode_step_ops(thin, 1)
+    many, out32 = decode_step_ops(thin, 32)
+    for c in (one, many):
+        assert {name: c.ops[name] for name in SYNC_OPS} == {name: 0 for name in SYNC_OPS}
+    assert one.total == many.total and one.total > 0
+    assert one.ops == many.ops
+    assert len(out1.sampled) == 1 and len(out32.sampled) == 32
