@@ -169,18 +169,32 @@ def bench_attention(dev: str) -> list[dict]:
     return res
 
 
+def _e8m0(shape: tuple[int, ...], dev: str) -> torch.Tensor:
+    """Random power-of-two scales 2^-4 .. 2^3 as e8m0 bytes (exponent + 127)."""
+    return torch.randint(123, 131, shape, dtype=torch.uint8, device=dev).view(torch.float8_e8m0fnu)
+
+
+def _random_fp8_weight(n: int, k: int, dev: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """An e4m3 ``[n, k]`` weight with one scale per 128 x 128 block (timing only: values are random)."""
+    w = (torch.randn(n, k, device=dev) * 64).to(torch.float8_e4m3fn)
+    return w, _e8m0((-(-n // 128), -(-k // 128)), dev)
+
+
+def _random_mxfp4_weight(n: int, k: int, dev: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed e2m1 pairs ``[n, k / 2]`` (any byte is two valid codes) with one scale per 32 inputs."""
+    return torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=dev), _e8m0((n, k // 32), dev)
+
+
 def bench_gemm(dev: str) -> list[dict]:
     """Quantized GEMMs at V4-Flash shapes: q/o projections (FP8) and one routed expert (MXFP4)."""
-    from atom.models.deepseek_v4.quant import quantize_fp8_weight, quantize_mxfp4_weight
-
     from .fp8_gemm import fp8_block_gemm
     from .mxfp4_gemm import mxfp4_gemm
 
     res = []
-    cases = (("fp8_block_gemm", fp8_block_gemm, quantize_fp8_weight, (4096, 7168), 1.0),
-             ("mxfp4_gemm", mxfp4_gemm, quantize_mxfp4_weight, (2048, 7168), 0.5 + 1 / 32))
-    for name, kernel, quantize, (n, k), bytes_per_weight in cases:
-        w, s = (t.to(dev) for t in quantize(torch.randn(n, k) * 0.02))
+    cases = (("fp8_block_gemm", fp8_block_gemm, _random_fp8_weight, (4096, 7168), 1.0),
+             ("mxfp4_gemm", mxfp4_gemm, _random_mxfp4_weight, (2048, 7168), 0.5 + 1 / 32))
+    for name, kernel, make_weight, (n, k), bytes_per_weight in cases:
+        w, s = make_weight(n, k, dev)
         dense = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         for m in (1, 16, 128, 1024, 4096):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)

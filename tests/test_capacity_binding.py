@@ -7,7 +7,7 @@ import torch
 
 from atom.bench import capacity
 from atom.kernels._common import max_comp_page, max_swa_page
-from atom.model_executor.kv_views import bind_kv_arena
+from atom.model_ops.kv_views import bind_kv_arena
 from atom.models.deepseek_v4.config import DeepseekV4Config
 
 GIB = 1 << 30

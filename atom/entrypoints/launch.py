@@ -36,7 +36,7 @@ def load_engine(config: EngineConfig, rank_group: Any = None) -> AsyncEngine:
     """``build_engine(config)`` wrapped for the server (the thread starts with the app).
 
     ``rank_group``: the group ``torchrun`` formed, when this process is its rank 0."""
-    from atom.model_executor.engine_builder import build_engine  # imports torch: only when serving
+    from atom.engine_builder import build_engine  # imports torch: only when serving
 
     return AsyncEngine(build_engine(config, rank_group=rank_group))
 
@@ -109,7 +109,7 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     except (ValueError, OSError) as exc:
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 2
-    from atom.model_executor.engine_builder import describe_kv
+    from atom.engine_builder import describe_kv
 
     print(f"atom: {describe_kv(engine.engine.runner.views.layout)}", file=sys.stderr, flush=True)
     metrics = ServerMetrics()

@@ -5,7 +5,7 @@ and arena bookkeeping), turns text into token ids and back (incrementally, with 
 back until they are decided: :mod:`request_text`), and calls a runner
 with one frozen batch per step. Any object with ``execute(ScheduledBatch) -> RunnerOutput`` is a
 runner: the torch :class:`atom.model_executor.model_runner.ModelRunner` in production, the fake
-runner in control-plane tests. :func:`atom.model_executor.engine_builder.build_engine` builds the
+runner in control-plane tests. :func:`atom.engine_builder.build_engine` builds the
 real one (importing torch). Not thread-safe: one thread drives it (the server runs it in a background loop).
 """
 

@@ -16,9 +16,9 @@ import torch
 from atom.kernels.backend import load_kernels, value_checks_off
 from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
-from atom.model_executor.kv_views import bind_kv_arena
+from atom.model_ops.kv_views import bind_kv_arena
 from atom.model_executor.sampler import Sampler
-from atom.model_executor.step_inputs import PageTables, StepInputs, build_step_inputs
+from atom.model_ops.step_inputs import PageTables, StepInputs, build_step_inputs
 from atom.model_ops.deepseek_v4_attn import PagedDeepseekV4Attention
 from atom.models.deepseek_v4.layers import map_rows
 from atom.models.deepseek_v4.model import DeepseekV4Model

@@ -42,8 +42,8 @@ from __future__ import annotations
 import torch
 
 from atom.kernels.backend import KernelSet
-from atom.model_executor.kv_views import KvViews
-from atom.model_executor.step_inputs import EntryList, PageTables, StepInputs
+from atom.model_ops.kv_views import KvViews
+from atom.model_ops.step_inputs import EntryList, PageTables, StepInputs
 from atom.models.deepseek_v4.attention import Attention, Projections
 from atom.models.deepseek_v4.compressor import Compressor
 from atom.models.deepseek_v4.indexer import Indexer

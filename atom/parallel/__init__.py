@@ -1,6 +1,5 @@
 """Tensor and expert parallelism on ``torch.distributed`` (see ``docs/parallelism.md``).
 
-* :mod:`comm`: the collectives the model layers call (identity on one rank);
 * :mod:`shard_plan`: which slice of every tensor a rank holds;
 * :mod:`sharding`: turning a model built on the meta device into one rank's shard;
 * :mod:`shard_loader`: loading only a rank's slices from safetensors files;
@@ -8,5 +7,6 @@
 * :mod:`worker`: the loop of a model worker (rank > 0);
 * :mod:`executor`: rank 0's runner, which broadcasts each step's batch and watches the workers.
 
-Nothing is imported here, so the model layers can import :mod:`atom.parallel.comm` without a cycle.
+The collectives the model layers call (identity on one rank) live in :mod:`atom.comm`, outside this
+package, so the model does not import the package that shards it.
 """

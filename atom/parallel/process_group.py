@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from atom.parallel.comm import Comm
+from atom.comm import Comm
 
 __all__ = ["RankGroup", "join", "free_port", "backend_for"]
 

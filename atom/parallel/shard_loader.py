@@ -22,7 +22,7 @@ from atom.models.deepseek_v4.loader import INDEX_FILE, IGNORED_ALIASES, Checkpoi
 from atom.models.deepseek_v4.loader import read_config as load_config
 from atom.models.deepseek_v4.model import DeepseekV4Model
 from atom.models.deepseek_v4.quant import WEIGHT_BLOCK, dequantize_fp8_weight
-from atom.parallel.comm import Comm
+from atom.comm import Comm
 from atom.parallel.shard_plan import DROPPED, ShardPlan, Split
 from atom.parallel.sharding import local_shape, shard_model
 

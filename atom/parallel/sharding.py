@@ -20,7 +20,7 @@ from torch import nn
 from atom.models.deepseek_v4.layers import Embedding
 from atom.models.deepseek_v4.model import DeepseekV4Model
 from atom.models.deepseek_v4.moe import MoE
-from atom.parallel.comm import Comm
+from atom.comm import Comm
 from atom.parallel.shard_plan import ShardPlan, Split
 
 __all__ = ["VocabParallelEmbedding", "shard_model", "ParameterBytes", "parameter_bytes", "local_shape"]

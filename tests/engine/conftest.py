@@ -13,7 +13,7 @@ from atom.builtin_model import ensure_builtin_model
 from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.llm_engine import LLMEngine
-from atom.model_executor.engine_builder import build_engine
+from atom.engine_builder import build_engine
 from atom.models.deepseek_v4.checkpoint import load_checkpoint
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from atom.model_executor.engine_builder import build_engine
+from atom.engine_builder import build_engine
 from atom.models.deepseek_v4.checkpoint import load_checkpoint
 from atom.models.deepseek_v4.make_tiny_checkpoint import make_tiny_checkpoint
 from atom.sampling_params import SamplingParams

@@ -32,7 +32,7 @@ def test_the_kv_row_round_trip_equals_the_fp8_ds_mla_codec_bit_for_bit(layout):
 def test_the_tiny_models_fp8_block_is_the_one_its_arena_rows_use():
     cfg = DeepseekV4Config.tiny()
     assert (cfg.nope_dim, cfg.fp8_block) == (24, 8)
-    from atom.model_executor.kv_views import row_codecs
+    from atom.model_ops.kv_views import row_codecs
 
     main, index = row_codecs(cfg.kv_spec("fp8_ds_mla", include_mtp=False))
     assert (main.nope, main.rope, main.qblock) == (24, 8, 8) and index.dim == 16

@@ -7,7 +7,7 @@ import pytest
 from atom.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from atom.entrypoints import cli
 from atom.entrypoints.args import engine_config_from_args
-from atom.model_executor.engine_builder import build_engine
+from atom.engine_builder import build_engine
 
 
 def test_the_parallel_flags_build_the_parallel_config():

@@ -11,7 +11,7 @@ import torch
 
 from atom.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from atom.model_engine.kv_layout import KvLayout
-from atom.model_executor.engine_builder import build_engine
+from atom.engine_builder import build_engine
 from atom.models.deepseek_v4.loader import read_config as load_config
 from atom.parallel.executor import DistributedRunner
 from atom.sampling_params import SamplingParams

@@ -17,7 +17,7 @@ import pytest
 
 from atom.builtin_model import BUILTIN_MODEL_NAME
 from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from atom.model_executor.engine_builder import build_engine
+from atom.engine_builder import build_engine
 from atom.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow

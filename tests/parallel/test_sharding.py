@@ -9,7 +9,7 @@ import torch
 from atom.models.deepseek_v4.checkpoint import CheckpointError, load_checkpoint, random_state_dict, save_checkpoint
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.models.deepseek_v4.model import DeepseekV4Model
-from atom.parallel.comm import Comm
+from atom.comm import Comm
 from atom.parallel.shard_loader import load_sharded_checkpoint
 from atom.parallel.shard_plan import DROPPED, ShardPlan, Split
 from atom.parallel.sharding import parameter_bytes, shard_model

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from atom.kv_group import is_csa
-from atom.parallel.comm import SINGLE_RANK, Comm
+from atom.comm import SINGLE_RANK, Comm
 
 from .cache import LayerCache
 from .compressor import Compressor

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from atom.parallel.comm import SINGLE_RANK, Comm
+from atom.comm import SINGLE_RANK, Comm
 
 from . import cache as cache_mod
 from .block import Block, MTPBlock

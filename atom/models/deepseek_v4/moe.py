@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from atom.parallel.comm import SINGLE_RANK, Comm
+from atom.comm import SINGLE_RANK, Comm
 
 from .config import DeepseekV4Config
 from .layers import Linear

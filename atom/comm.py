@@ -1,4 +1,4 @@
-"""The collectives of a sharded model: all-reduce of partial sums and all-gather of vocabulary slices.
+"""The collectives of a sharded model (:mod:`atom.parallel` shards it): all-reduce of partial sums and all-gather of vocabulary slices.
 
 The model layers hold a :class:`Comm` (``SINGLE_RANK`` unless the model was sharded) and call it at
 the few places where a rank's partial result must be combined: after the row-parallel ``wo_b`` of
