@@ -27,6 +27,7 @@ __all__ = [
     "Dsv4KvSpec",
     "CacheConfig",
     "SchedulerConfig",
+    "MAX_SPECULATIVE_TOKENS",
     "ModelConfig",
     "ParallelConfig",
     "EXECUTOR_BACKENDS",
@@ -54,6 +55,9 @@ INDEX_FORMAT_OF = {"fp8_ds_mla": "fp8", "bf16": "bf16", "fp32": "fp32"}
 KV_CACHE_DTYPES = ("auto", "fp8", "bf16", "fp32")
 
 _FP32 = 4
+
+#: The most drafts one step verifies per request (``SchedulerConfig.speculative_num_tokens``).
+MAX_SPECULATIVE_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -240,16 +244,20 @@ def preset_path(name: str) -> Path:
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Token-budget scheduling limits; the arena sizing reads ``max_num_seqs`` (one live
-    compressor-state slot each) and ``max_model_len`` (one request of that length must fit)."""
+    compressor-state slot each) and ``max_model_len`` (one request of that length must fit).
+    ``speculative_num_tokens``: drafts verified per decoding request and step (0 = off, at most
+    :data:`MAX_SPECULATIVE_TOKENS`)."""
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     max_model_len: int = 4096  # at least 2: one prompt token and one generated token
+    speculative_num_tokens: int = 0
 
     def __post_init__(self) -> None:
         require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         require_int("max_num_seqs", self.max_num_seqs, 1)
         require_int("max_model_len", self.max_model_len, 2)
+        require_int("speculative_num_tokens", self.speculative_num_tokens, 0, MAX_SPECULATIVE_TOKENS, note="0 = off")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 from atom import envs
 from atom.config import EngineConfig
 from atom.model_engine.block_manager import BlockManager
+from atom.model_engine.draft_source import DraftSource, RunnerDrafts
 from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
@@ -48,7 +49,7 @@ def describe_kv(layout: KvLayout) -> str:
 
 def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_backend: str | None = None,
                  batch_invariant: bool = False, poison: bool | None = None, quant_sim: bool | None = None,
-                 rank_group: Any = None, value_checks: bool = False) -> LLMEngine:
+                 rank_group: Any = None, value_checks: bool = False, drafter: DraftSource | None = None) -> LLMEngine:
     """An :class:`LLMEngine` serving ``config.model.path`` (None: the built-in tiny model).
 
     The model is loaded on ``config.model.device`` in ``config.model.dtype`` with its weights kept as
@@ -76,6 +77,9 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     poison = env.debug_nan_arena if poison is None else poison
     max_model_len = config.scheduler.max_model_len
     size = config.parallel.world_size
+    if size > 1 and config.scheduler.speculative_num_tokens:
+        raise ValueError(f"speculative_num_tokens={config.scheduler.speculative_num_tokens} needs "
+                         "tensor_parallel_size=1 (the ranks would verify drafts separately)")
     if size > 1:
         from atom.parallel.executor import start_parallel_runner
 
@@ -102,6 +106,7 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model_cfg.vocab_size}")
     bm = BlockManager(layout, config.cache)
-    scheduler = Scheduler(config.scheduler, bm, eos_token_id=tokenizer.eos_token_id)
+    scheduler = Scheduler(config.scheduler, bm, eos_token_id=tokenizer.eos_token_id,
+                          drafter=drafter if drafter is not None else RunnerDrafts())
     name = mc.served_model_name or (Path(path).name if path else "atom-tiny-dsv4")
     return LLMEngine(scheduler, runner, tokenizer, model_name=name, max_model_len=max_model_len)

@@ -102,19 +102,25 @@ class LLMEngine:
             req = self._by_seq.get(res.seq.seq_id)
             if req is None:
                 continue
-            if res.new_token is not None:
-                self._generation_tokens += 1
-            outputs.append(self._output(req, res.new_token, out.logprobs.get(res.seq.seq_id)))
+            self._generation_tokens += len(res.new_tokens)
+            outputs.append(self._output(req, res.new_tokens, out.logprobs.get(res.seq.seq_id)))
         return outputs
 
-    def _output(self, req: _Request, new_token: int | None, logprobs: TokenLogprobs | None) -> RequestOutput:
+    def _output(self, req: _Request, new_tokens: list[int], logprobs: TokenLogprobs | None) -> RequestOutput:
+        """``new_tokens``: this step's tokens (several when drafts were accepted; such requests have no
+        stop strings, see :meth:`Scheduler._propose`)."""
         seq = req.seq
         req.cached = seq.stats.reused  # set at first admission only
-        new_ids = [new_token] if new_token is not None else []
+        new_ids = list(new_tokens)
         new_text = ""
         if req.text is not None:
-            new_text, stopped = req.text.advance(None if self._is_stop_token(seq, new_token) else new_token,
-                                                 seq.status.finished)
+            pieces = []
+            for i, token in enumerate(new_tokens or [None]):
+                last = i == max(len(new_tokens), 1) - 1
+                piece, stopped = req.text.advance(None if last and self._is_stop_token(seq, token) else token,
+                                                  last and seq.status.finished)
+                pieces.append(piece)
+            new_text = "".join(pieces)
             if stopped:
                 self.scheduler.finish_by_stop_string(seq)
         if seq.status.finished:
@@ -173,10 +179,11 @@ class LLMEngine:
 
     # ---- observability ------------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        s, c = self.scheduler, self.scheduler.bm.counters
+        s, c, sp = self.scheduler, self.scheduler.bm.counters, self.scheduler.spec
         return EngineStats(s.bm.arena.usage(), len(s.running), len(s.waiting), s.num_preemptions, c.queries,
                            c.hits, c.lost_to_evicted_kv, c.lost_to_swa_window, c.lost_to_csa_state,
-                           c.queries, self._generation_tokens)
+                           c.queries, self._generation_tokens, sp.verifies, sp.proposed, sp.accepted,
+                           tuple(sp.proposed_at), tuple(sp.accepted_at))
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

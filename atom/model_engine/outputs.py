@@ -34,10 +34,23 @@ class ScheduledSeq:
     # (prompt ids, output ids) on the first step after admission when the params edit logits from the
     # history (penalties, min_tokens); None otherwise, so a step's size does not grow with the context
     history: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # speculative decoding: the last ``num_draft`` of ``token_ids`` are proposed tokens to verify (their
+    # KV rows are written, but they count as computed only once accepted; the rows of the step from the
+    # last committed token on are all sampled)
+    num_draft: int = 0
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_committed(self) -> int:
+        """Tokens of the step that are part of the sequence already (not drafts)."""
+        return len(self.token_ids) - self.num_draft
+
+    @property
+    def drafts(self) -> tuple[int, ...]:
+        return self.token_ids[len(self.token_ids) - self.num_draft:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +90,14 @@ class ScheduledBatch:
 @dataclass(frozen=True, slots=True)
 class RunnerOutput:
     """Sampled token per request that had ``sample=True``, and the log-probabilities of those whose
-    params asked for them (``SamplingParams.logprobs``)."""
+    params asked for them (``SamplingParams.logprobs``).
+
+    Speculative decoding: ``accepted[seq_id]`` drafts of a request's step were accepted (its first
+    ``accepted`` drafts come before ``sampled``, which is the correction or bonus token);
+    ``drafts[seq_id]``: tokens the runner's draft model proposes after ``sampled`` (the MTP draft).
+    """
 
     sampled: Mapping[int, int]
     logprobs: Mapping[int, TokenLogprobs] = field(default_factory=dict)
+    accepted: Mapping[int, int] = field(default_factory=dict)
+    drafts: Mapping[int, tuple[int, ...]] = field(default_factory=dict)

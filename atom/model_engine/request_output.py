@@ -57,3 +57,14 @@ class EngineStats:
     lost_to_csa_state: int
     prompt_tokens: int
     generation_tokens: int
+    # speculative decoding (all 0 when off): request-steps that verified drafts, drafts proposed and
+    # accepted, per draft position; mean acceptance length = tokens per verifying request-step
+    spec_verifies: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    spec_proposed_at: tuple[int, ...] = ()
+    spec_accepted_at: tuple[int, ...] = ()
+
+    @property
+    def spec_mean_acceptance_length(self) -> float:
+        return (self.spec_accepted + self.spec_verifies) / self.spec_verifies if self.spec_verifies else 0.0

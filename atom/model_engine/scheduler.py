@@ -14,6 +14,14 @@ Chunked prefill and decode mix freely in a step. Each step:
    is published, then hits (burst arrivals of a shared prefix compute it once).
 3. ``_build_output``: the frozen :class:`ScheduledBatch`.
 
+Speculative decoding (``speculative_num_tokens`` = K > 0 and a :class:`DraftSource`): a decoding
+request's step runs its last token plus up to K drafts from the draft source (fewer near its
+``max_tokens`` or the model length, or when the budget or the arena is short). The drafts are not
+part of the sequence: ``num_computed_tokens`` advances over the committed token and the drafts the
+runner accepted only, so blocks are published (and SWA blocks leave the window) exactly as without
+speculation, and rows written for rejected drafts lie past the computed length, where the next
+step overwrites them before any query can read them.
+
 A request that cannot progress even alone (its pages sit in chunks shared with cached ones, which
 cannot be lent) is restarted alone on an emptied cache: the layout promises that one request of the
 model length fits there, and no other request is admitted until it finishes.
@@ -31,8 +39,10 @@ from atom.config import SchedulerConfig
 from atom.kv_group import CSA_OVERLAP_ROWS
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.chunk_arena import ArenaEmpty
+from atom.model_engine.draft_source import DraftSource
 from atom.model_engine.outputs import NewTables, RunnerOutput, ScheduledBatch, ScheduledSeq
 from atom.model_engine.sequence import Sequence, SequenceStatus
+from atom.model_engine.spec_counters import SpecCounters
 
 __all__ = ["Scheduler", "StepResult"]
 
@@ -40,17 +50,21 @@ __all__ = ["Scheduler", "StepResult"]
 class StepResult:
     """What one step did to one request (for streaming)."""
 
-    __slots__ = ("seq", "new_token", "finished")
+    __slots__ = ("seq", "new_tokens", "finished")
 
-    def __init__(self, seq: Sequence, new_token: int | None, finished: bool) -> None:
-        self.seq, self.new_token, self.finished = seq, new_token, finished
+    def __init__(self, seq: Sequence, new_tokens: list[int], finished: bool) -> None:
+        self.seq, self.new_tokens, self.finished = seq, new_tokens, finished
 
 
 class Scheduler:
     """Owns the waiting queue and running list; talks to the runner only through frozen batches."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, eos_token_id: int | None) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, eos_token_id: int | None,
+                 drafter: DraftSource | None = None) -> None:
         self.config = config
+        self.drafter = drafter if config.speculative_num_tokens else None
+        self.spec = SpecCounters(config.speculative_num_tokens)
+        self._drafts: dict[int, tuple[int, ...]] = {}  # this step's drafts per request
         self.bm = block_manager
         self.eos_token_id = eos_token_id
         self.block_size = block_manager.block_size
@@ -108,12 +122,28 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._grow_or_preempt(seq, min(seq.num_remaining, budget))
+            drafts = self._propose(seq, budget)
+            n = self._grow_or_preempt(seq, min(seq.num_remaining, budget) + len(drafts))
             if n:
+                if n > seq.num_remaining:  # the drafts that still fit (growth may stop at a block end)
+                    self._drafts[seq.seq_id] = drafts[: n - seq.num_remaining]
                 work[seq.seq_id] = n
                 budget -= n
                 i += 1
         return budget
+
+    def _propose(self, seq: Sequence, budget: int) -> tuple[int, ...]:
+        """Drafts for a decoding request: at most K, leaving room for the correction / bonus token
+        within ``max_tokens``, the model length and the step budget. Requests whose sampling edits
+        logits from the history, ask for log-probabilities or have stop strings (decided on the text,
+        one token at a time) decode one token per step."""
+        p = seq.params
+        if self.drafter is None or seq.num_remaining != 1 or seq.in_prefill or p.needs_history or p.logit_bias \
+                or p.logprobs is not None or p.stop:
+            return ()
+        k = min(self.config.speculative_num_tokens, budget - 1, p.max_tokens - seq.num_output_tokens - 1,
+                self.config.max_model_len - len(seq))
+        return tuple(self.drafter.propose(seq, k))[:k] if k > 0 else ()
 
     def _grow_or_preempt(self, seq: Sequence, n: int) -> int:
         """Back ``n`` tokens of ``seq``, preempting younger requests; 0 if ``seq`` itself was preempted."""
@@ -141,6 +171,7 @@ class Scheduler:
         self.running.remove(seq)
         self.bm.free(seq)
         self._released.append(seq.seq_id)
+        self._drafts.pop(seq.seq_id, None)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = seq.num_cached_tokens = 0
         seq.num_preemptions += 1
@@ -195,19 +226,21 @@ class Scheduler:
         for u in updates:  # every other delta must reach the runner, scheduled this step or not
             seq = self.by_id.get(u.seq_id)
             assert seq is not None and seq.status is SequenceStatus.RUNNING, f"table update of unknown request {u}"
-        seqs = tuple(self._scheduled_seq(self.by_id[sid], n) for sid, n in work.items())
+        seqs = tuple(self._scheduled_seq(self.by_id[sid], n, self._drafts.pop(sid, ())) for sid, n in work.items())
         new_tables = tuple(NewTables(s.seq_id, tuple(s.comp_pages), tuple(s.swa_pages)) for s in admitted)
         return ScheduledBatch(self.step_count, seqs, new_tables, updates, released)
 
-    def _scheduled_seq(self, seq: Sequence, n: int) -> ScheduledSeq:
+    def _scheduled_seq(self, seq: Sequence, n: int, drafts: tuple[int, ...]) -> ScheduledSeq:
         start, b = seq.num_computed_tokens, self.block_size
+        n -= len(drafts)
         capture = tuple((j, seq.swa_pages[j]) for j in range(start // b, (start + n - 1) // b + 1)
                         if (j + 1) * b - CSA_OVERLAP_ROWS < start + n and (j + 1) * b - 1 >= start)
         history = None
         if seq.state_fresh and seq.params.needs_history:  # once per admission: the sampler's penalty state
             history = (tuple(seq.token_ids[: seq.num_prompt_tokens]), tuple(seq.output_token_ids))
-        return ScheduledSeq(seq.seq_id, start, tuple(seq.token_ids[start:start + n]), start + n == len(seq),
-                            seq.state_slot, seq.state_fresh, seq.restore_page, capture, seq.params, history)
+        return ScheduledSeq(seq.seq_id, start, tuple(seq.token_ids[start:start + n]) + drafts, start + n == len(seq),
+                            seq.state_slot, seq.state_fresh, seq.restore_page, capture, seq.params, history,
+                            len(drafts))
 
     # ---- after the runner ---------------------------------------------------------------------
     def postprocess(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:
@@ -217,19 +250,33 @@ class Scheduler:
             seq = self.by_id.get(item.seq_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted between schedule and postprocess
-            seq.num_computed_tokens += item.num_tokens
-            token = None
+            tokens, accepted = [], 0
             if item.sample:
-                token = output.sampled[item.seq_id]
+                accepted = output.accepted.get(item.seq_id, 0)
+                assert 0 <= accepted <= item.num_draft, f"{accepted} of {item.num_draft} drafts accepted"
+                tokens = list(item.drafts[:accepted]) + [output.sampled[item.seq_id]]
+                if item.num_draft:
+                    self.spec.record(item.num_draft, accepted)
+            done, emitted = None, []
+            for token in tokens:
                 seq.append_token(token)
+                emitted.append(token)
+                done = self._check_stop(seq, token)
+                if done:
+                    break
+            # the rows of accepted drafts were written; a stop inside them ends the request (the KV of
+            # its last token is never needed, as without speculation)
+            seq.num_computed_tokens = min(item.start_pos + item.num_committed + accepted, len(seq) - 1) \
+                if emitted else item.start_pos + item.num_committed
             self.bm.after_step(seq)
-            done = token is not None and self._check_stop(seq, token)
             if done:
                 self.running.remove(seq)
                 self.bm.free(seq)
                 self._released.append(seq.seq_id)
                 self._finish(seq, done)
-            results.append(StepResult(seq, token, bool(done)))
+            elif self.drafter is not None and item.seq_id in output.drafts:
+                self.drafter.observe(seq, output.drafts[item.seq_id])
+            results.append(StepResult(seq, emitted, bool(done)))
         return results
 
     def _check_stop(self, seq: Sequence, token: int) -> SequenceStatus | None:
@@ -252,6 +299,8 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
         seq.status = status
+        if self.drafter is not None:
+            self.drafter.forget(seq.seq_id)
         if self._solo == seq.seq_id:
             self._solo = None
         self.by_id.pop(seq.seq_id, None)

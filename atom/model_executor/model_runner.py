@@ -18,7 +18,7 @@ from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
 from atom.model_ops.kv_views import bind_kv_arena
 from atom.model_executor.sampler import Sampler
-from atom.model_ops.step_inputs import PageTables, StepInputs, build_step_inputs
+from atom.model_ops.step_inputs import PageTables, StepInputs, build_step_inputs, row_subset
 from atom.model_ops.deepseek_v4_attn import PagedDeepseekV4Attention
 from atom.models.deepseek_v4.layers import map_rows
 from atom.models.deepseek_v4.model import DeepseekV4Model
@@ -57,7 +57,8 @@ class ModelRunner:
         if not batch.seqs:
             return RunnerOutput({})
         step = build_step_inputs(batch, self.tables, self.device, self.model.cfg.compress_ratios)
-        with contextlib.nullcontext() if self.value_checks else value_checks_off():
+        checks = contextlib.nullcontext if self.value_checks else value_checks_off
+        with checks():
             logits = self._forward(step)
         self.last_logits = {}
         if self.keep_logits:
@@ -69,16 +70,46 @@ class ModelRunner:
         for item in batch.seqs:
             if item.history is not None:
                 self.sampler.begin(item.seq_id, *item.history, logits.shape[-1], logits.device)
+        out = self._sample(batch, logits)
+        if step.committed is not None:
+            with checks():
+                self._commit(batch, step, out.accepted)
+        return out
+
+    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> RunnerOutput:
+        """Rows of ``logits``: one per sampling request, ``1 + num_draft`` for a request with drafts.
+        Plain rows sample (one batched call); drafts are verified (:meth:`Sampler.verify`)."""
         items = [item for item in batch.seqs if item.sample]
-        tokens = self.sampler.sample_all(logits, [i.params for i in items], [i.start_pos + i.num_tokens for i in items],
-                                         [i.seq_id for i in items])
-        sampled, logprobs = {}, {}
-        for r, (item, token) in enumerate(zip(items, tokens)):
-            sampled[item.seq_id] = token
-            lp = self.sampler.logprobs(logits[r], item.params, token)
+        first = [0]
+        for item in items:
+            first.append(first[-1] + 1 + item.num_draft)
+        plain = [r for r, item in enumerate(items) if not item.num_draft]
+        rows = logits[[first[r] for r in plain]] if len(plain) < len(items) else logits
+        tokens = self.sampler.sample_all(rows, [items[r].params for r in plain],
+                                         [items[r].start_pos + items[r].num_tokens for r in plain],
+                                         [items[r].seq_id for r in plain])
+        sampled, logprobs, accepted = {}, {}, {}
+        for j, (r, token) in enumerate(zip(plain, tokens)):
+            sampled[items[r].seq_id] = token
+            lp = self.sampler.logprobs(rows[j], items[r].params, token)
             if lp is not None:
-                logprobs[item.seq_id] = lp
-        return RunnerOutput(sampled, logprobs)
+                logprobs[items[r].seq_id] = lp
+        spec = [r for r, item in enumerate(items) if item.num_draft]
+        argmax = torch.argmax(logits, dim=-1).tolist() if any(items[r].params.greedy for r in spec) else []
+        for r in spec:
+            item, lo, hi = items[r], first[r], first[r + 1]
+            a, token = self.sampler.verify(logits[lo:hi], item.drafts, item.params, item.start_pos + item.num_committed,
+                                           argmax[lo:hi] if argmax else None)
+            sampled[item.seq_id], accepted[item.seq_id] = token, a
+        return RunnerOutput(sampled, logprobs, accepted)
+
+    def _commit(self, batch: ScheduledBatch, step: StepInputs, accepted: dict[int, int]) -> None:
+        """Advance every layer's compressor state over the accepted drafts of the step just run."""
+        starts = [int(c) + item.num_committed for c, item in zip(step.cu_seqlens.tolist(), batch.seqs)]
+        sub = row_subset(starts, [accepted.get(item.seq_id, 0) for item in batch.seqs],
+                         [item.start_pos + item.num_committed for item in batch.seqs], self.device)
+        for attn in self.attn:
+            attn.commit(sub, step, self.tables)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         """Logits of the rows that sample (every row with ``keep_logits``); no device value is read back."""

@@ -19,6 +19,7 @@ import torch
 
 from atom.model_engine.request_output import TokenLogprobs
 from atom.model_executor.logits_processors import SequenceHistory, apply_logits_processors, token_logprobs
+from atom.model_executor.rejection_sampler import greedy_accept, rejection_sample
 from atom.sampling_params import SamplingParams
 
 __all__ = ["Sampler"]
@@ -75,6 +76,19 @@ class Sampler:
         if history is not None:
             history.generated(token)
         return token
+
+    def verify(self, logits: torch.Tensor, drafts: tuple[int, ...], params: SamplingParams, position: int,
+               argmax: list[int] | None = None) -> tuple[int, int]:
+        """``(accepted, token)`` for ``k`` deterministic drafts: ``logits [k + 1, vocab]`` are the target's
+        rows from the last committed token on, row ``i`` giving the token at ``position + i``. Greedy:
+        exact match with the argmax (``argmax``: those rows' argmax, already read back); otherwise
+        rejection sampling against the filtered distribution, one generator per position. The
+        scheduler never drafts for requests whose params edit logits (see ``Scheduler._propose``)."""
+        if params.greedy:
+            return greedy_accept(argmax if argmax is not None else torch.argmax(logits, dim=-1).tolist(), drafts)
+        probs = torch.stack([self._filtered_probs(row / params.temperature, params) for row in logits])
+        return rejection_sample(probs, drafts, None,
+                                [self._generator(params, position + i) for i in range(len(drafts) + 1)])
 
     @staticmethod
     def logprobs(logits: torch.Tensor, params: SamplingParams, token: int) -> TokenLogprobs | None:

@@ -29,6 +29,14 @@ Within the engine everything is bit-identical however a sequence is split into s
 prefix hit. No step reads a device value back: entry lists, index widths and flags come from the batch
 (``StepInputs``).
 
+Speculative decoding (``step.committed`` set: some sequences end in drafts): every row of the step is
+written and attended as usual (the drafts' SWA rows and the entries they complete lie past the
+sequence's computed length: nothing reads them before a later step overwrites them), but the
+compressor state (CSA rings, CSA boundary capture, HCA accumulators) advances over the committed rows
+only; HCA entries completed inside the drafts are pooled from a scratch copy of the accumulators. The
+layer keeps the step's compressor projections until :meth:`PagedDeepseekV4Attention.commit` advances
+the state over the drafts the verifier accepted, so rejected drafts leave no trace in the state.
+
 Row formats: with value views (fp32 / bf16) rows are written in the view's dtype. With ``fp8_ds_mla``
 byte views (``views.main_codec`` / ``views.index_codec`` set) the writers get the model's fp32/bf16
 rows and encode them, and attention and the indexer score decode rows inside the kernel. With the
@@ -43,7 +51,7 @@ import torch
 
 from atom.kernels.backend import KernelSet
 from atom.model_ops.kv_views import KvViews
-from atom.model_ops.step_inputs import EntryList, PageTables, StepInputs
+from atom.model_ops.step_inputs import EntryList, PageTables, RowSubset, StepInputs
 from atom.models.deepseek_v4.attention import Attention, Projections
 from atom.models.deepseek_v4.compressor import Compressor
 from atom.models.deepseek_v4.indexer import Indexer
@@ -53,7 +61,8 @@ __all__ = ["PagedDeepseekV4Attention"]
 
 
 class PagedDeepseekV4Attention:
-    """One layer's attention over the arena; holds no state of its own besides the bound views."""
+    """One layer's attention over the arena; holds no state of its own besides the bound views (and,
+    from a forward with drafts to its :meth:`commit`, that step's compressor projections)."""
 
     def __init__(self, attn: Attention, views: KvViews, kernels: KernelSet) -> None:
         self.attn, self.views, self.k = attn, views, kernels
@@ -65,6 +74,7 @@ class PagedDeepseekV4Attention:
         self.swa_region = lay.swa_rows(self.layer)
         self.comp_region = lay.compressed_rows(self.layer) if self.ratio else None
         self.index_region = lay.index_rows(self.layer) if attn.indexer is not None else None
+        self._pending: Projections | None = None  # a step with drafts: its projections until commit()
 
     # ---- the step -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
@@ -76,6 +86,7 @@ class PagedDeepseekV4Attention:
         self.k.swa_write(_values(p.kv, rows, main_codec), rows, tables.swa, step.token_slot, pos32,
                          block_size=self.block_size, row_stride=self.swa_region.page_rows, codec=main_codec)
         comp_idx = None
+        self._pending = p if self.ratio and step.committed is not None else None
         if self.ratio and self.attn.indexer is None:
             self._compress_hca(p.comp, step, tables)
             comp_idx = self._comp_index(p, step, tables, pos32)
@@ -119,14 +130,58 @@ class PagedDeepseekV4Attention:
         comp = self.attn.compressor
         kv, score = (r.contiguous() for r in rows)
         pooled = torch.empty_like(kv)
-        self.k.hca_state_update(kv, score, torch.zeros_like(comp.ape), self.views.hca[self.layer], step.slots,
+        acc, slots = self.views.hca[self.layer], step.slots
+        if step.committed is not None:  # pool the drafts' entries from a copy; the state takes committed rows
+            acc, slots = acc[slots.long()].clone(), torch.arange(len(step.lengths), dtype=torch.int32,
+                                                                 device=slots.device)
+        self.k.hca_state_update(kv, score, torch.zeros_like(comp.ape), acc, slots,
                                 step.cu_seqlens, step.pos_start, pooled, max_len=step.max_len)
+        if step.committed is not None:
+            self._advance_hca(rows, step.committed, step)
         ent = step.entries[comp.ratio]
         seq = ent.seq.clamp(min=0)
         tok = step.cu_seqlens.long()[seq] + (ent.ids + 1) * comp.ratio - 1 - step.pos_start.long()[seq]
         tok = torch.where(ent.seq >= 0, tok, 0)  # padding entries read row 0 and are not written
         self._write_entries(comp.finish_entries(pooled[tok], ent.ids), ent, step, tables, self.views.comp[self.layer],
                             self.comp_region, self.views.main_codec)
+
+    def _advance_hca(self, rows: tuple[torch.Tensor, torch.Tensor], sub: RowSubset, step: StepInputs) -> None:
+        """Advance the HCA accumulators over the rows ``sub`` selects (their pooled rows are not used)."""
+        if sub.max_len == 0:
+            return
+        kv, score = (r[sub.rows].contiguous() for r in rows)
+        self.k.hca_state_update(kv, score, torch.zeros_like(self.attn.compressor.ape), self.views.hca[self.layer],
+                                step.slots, sub.cu_seqlens, sub.pos_start, torch.empty_like(kv), max_len=sub.max_len)
+
+    def _advance_csa(self, comp: Compressor, rows: tuple[torch.Tensor, torch.Tensor], sub: RowSubset | None,
+                     step: StepInputs, tables: PageTables, which: str) -> None:
+        """Write the rows ``sub`` selects (all rows of the step: None) into the CSA ring, and capture the
+        block-final overlap rows among them into their SWA pages."""
+        kv, score = rows[0].contiguous(), rows[1].contiguous()
+        cu, start = step.cu_seqlens, step.pos_start
+        if sub is not None:
+            if sub.max_len == 0:
+                return
+            kv, score, cu, start = kv[sub.rows], score[sub.rows], sub.cu_seqlens, sub.pos_start
+        state = self.views.state[self.layer] if which == "main" else self.views.index_state[self.layer]
+        zero_ape = torch.zeros_like(comp.ape)  # the projected score rows already include ape[pos % m]
+        self.k.compressor_state_update(kv, score, zero_ape, state[0], state[1], step.slots, cu, start)
+        csa = self.views.csa[self.layer]
+        dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
+        self.k.csa_boundary_capture(kv, score, zero_ape, dst[0], dst[1], tables.swa[step.rows.long()], cu, start,
+                                    block_size=self.block_size)
+
+    def commit(self, accepted: RowSubset, step: StepInputs, tables: PageTables) -> None:
+        """After verification: advance the compressor state over the accepted drafts (``accepted`` selects
+        their rows of the step just run), then drop the step's projections."""
+        p, self._pending = self._pending, None
+        if p is None:
+            return
+        if self.attn.indexer is None:
+            self._advance_hca(p.comp, accepted, step)
+            return
+        self._advance_csa(self.attn.compressor, p.comp, accepted, step, tables, "main")
+        self._advance_csa(self.attn.indexer.compressor, p.index_comp, accepted, step, tables, "index")
 
     def _write_entries(self, entries: torch.Tensor, ent: EntryList, step: StepInputs, tables: PageTables,
                        out_rows: torch.Tensor, region, codec) -> None:
@@ -141,13 +196,7 @@ class PagedDeepseekV4Attention:
         kv, score = rows[0].contiguous(), rows[1].contiguous()
         ent = step.entries[comp.ratio]
         entries = self._finished_entries(comp, kv, score, step, ent, state)  # reads the ring before the update
-        zero_ape = torch.zeros_like(comp.ape)  # the projected score rows already include ape[pos % m]
-        self.k.compressor_state_update(kv, score, zero_ape, state[0], state[1], step.slots, step.cu_seqlens,
-                                       step.pos_start)
-        csa = self.views.csa[self.layer]
-        dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
-        self.k.csa_boundary_capture(kv, score, zero_ape, dst[0], dst[1], tables.swa[step.rows.long()],
-                                    step.cu_seqlens, step.pos_start, block_size=self.block_size)
+        self._advance_csa(comp, (kv, score), step.committed, step, tables, which)
         self._write_entries(entries, ent, step, tables, out_rows, region, codec)
 
     def _finished_entries(self, comp: Compressor, kv: torch.Tensor, score: torch.Tensor, step: StepInputs,

@@ -17,7 +17,7 @@ import torch
 from atom.model_engine.outputs import ScheduledBatch
 from atom.model_engine.unified_kv_arena import COMPRESS, SWA
 
-__all__ = ["EntryList", "PageTables", "StepInputs", "build_step_inputs"]
+__all__ = ["EntryList", "PageTables", "RowSubset", "StepInputs", "build_step_inputs", "row_subset"]
 
 
 class PageTables:
@@ -70,6 +70,30 @@ class EntryList:
     ids: torch.Tensor
 
 
+@dataclass(frozen=True)
+class RowSubset:
+    """Some rows of each sequence's chunk, as a ragged batch of their own: ``rows [R]`` (long) flat
+    token rows, ``cu_seqlens [S + 1]`` (int32) offsets into ``rows`` per sequence, ``pos_start [S]``
+    (int32) position of each sequence's first selected row, ``max_len`` the longest selection."""
+
+    rows: torch.Tensor
+    cu_seqlens: torch.Tensor
+    pos_start: torch.Tensor
+    max_len: int
+
+
+def row_subset(starts: list[int], counts: list[int], positions: list[int],
+               device: str | torch.device) -> RowSubset:
+    """Rows ``starts[s] .. starts[s] + counts[s] - 1`` of sequence ``s``, the first at ``positions[s]``."""
+    rows, cu = [], [0]
+    for first, n in zip(starts, counts):
+        rows.extend(range(first, first + n))
+        cu.append(cu[-1] + n)
+    return RowSubset(torch.tensor(rows, dtype=torch.long, device=device),
+                     torch.tensor(cu, dtype=torch.int32, device=device),
+                     torch.tensor(positions, dtype=torch.int32, device=device), max(counts, default=0))
+
+
 @dataclass
 class StepInputs:
     """Flat token tensors plus per-sequence metadata (sequences in batch order).
@@ -88,13 +112,18 @@ class StepInputs:
     reset: torch.Tensor  # bool [S]: clear the state page before use (first step after admission)
     restore_src: torch.Tensor  # int32 [S] SWA page whose CSA state seeds the slot, -1 = none
     entries: dict[int, EntryList]  # compress ratio -> entries the step completes
-    sample_rows: torch.Tensor  # long [K]: the token rows whose logits are sampled (last token of a sampling seq)
+    sample_rows: torch.Tensor  # long [K]: the token rows whose logits are sampled (last token of a sampling seq,
+    # and with drafts every row from its last committed token on)
     max_pos: int  # the largest position in the step
     max_len: int  # the longest chunk in the step
     any_reset: bool
     any_restore: bool
     seq_ids: list[int]
     lengths: list[int]
+    # speculative decoding: drafts per sequence, and (when any) the committed rows (the chunk without its
+    # drafts): compressor state advances over these only, the accepted drafts' after verification
+    num_draft: list[int]
+    committed: RowSubset | None = None
 
 
 def _entry_list(batch: ScheduledBatch, ratio: int, num_tokens: int, device: str | torch.device) -> EntryList:
@@ -120,12 +149,17 @@ def build_step_inputs(batch: ScheduledBatch, tables: PageTables, device: str | t
         token_slot.extend([row] * s.num_tokens)
         cu.append(cu[-1] + s.num_tokens)
         if s.sample:
-            sample_rows.append(cu[-1] - 1)
+            sample_rows.extend(range(cu[-1] - 1 - s.num_draft, cu[-1]))
 
     def i32(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
 
     restore = [s.restore_page for s in batch.seqs]
+    drafts = [s.num_draft for s in batch.seqs]
+    committed = None
+    if any(drafts):
+        committed = row_subset(cu[:-1], [s.num_committed for s in batch.seqs], [s.start_pos for s in batch.seqs],
+                               device)
     return StepInputs(
         token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -137,4 +171,5 @@ def build_step_inputs(batch: ScheduledBatch, tables: PageTables, device: str | t
         sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
         max_pos=max(positions), max_len=max(s.num_tokens for s in batch.seqs),
         any_reset=any(s.state_reset for s in batch.seqs), any_restore=any(p >= 0 for p in restore),
-        seq_ids=[s.seq_id for s in batch.seqs], lengths=[s.num_tokens for s in batch.seqs])
+        seq_ids=[s.seq_id for s in batch.seqs], lengths=[s.num_tokens for s in batch.seqs], num_draft=drafts,
+        committed=committed)

@@ -1,0 +1,144 @@
+"""Speculative decoding verifies drafts in the target's forward and rolls rejected ones back without a
+trace: greedy output with speculation on equals speculation off (chunked prefill, preemption, prefix
+hits), an oracle draft is always accepted and an always-wrong one never, and compressor state after a
+rejection equals a run that never drafted."""
+
+import pytest
+import torch
+
+from atom.model_engine.draft_source import ReplayDraft
+from atom.sampling_params import SamplingParams
+
+from .test_engine_vs_reference import prompts
+
+N_OUT = 12
+
+
+def greedy(n=N_OUT):
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def run(engine, prompt_list, params):
+    """Step to completion (integrity checked each step); outputs in prompt order."""
+    ids = [engine.add_request(p, params) for p in prompt_list]
+    final = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+        engine.check_integrity()
+    return [final[i] for i in ids]
+
+
+@pytest.mark.parametrize("num_chunks", [200, 5], ids=["roomy", "preempting"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_output_with_oracle_and_wrong_drafts_equals_the_non_speculative_run(make_engine, num_chunks, k):
+    n_out = N_OUT if num_chunks == 200 else 30
+    off = run(make_engine(num_chunks=num_chunks), prompts(), greedy(n_out))
+    reference = {tuple(p): o.output_token_ids for p, o in zip(prompts(), off)}
+    oracle = make_engine(num_chunks=num_chunks, speculative=k, drafter=ReplayDraft(reference))
+    on = run(oracle, prompts(), greedy(n_out))
+    assert [o.output_token_ids for o in on] == [o.output_token_ids for o in off]
+    st = oracle.stats()
+    assert st.spec_proposed > 0 and st.spec_accepted == st.spec_proposed
+    wrong = make_engine(num_chunks=num_chunks, speculative=k, drafter=ReplayDraft(reference, shift=1, vocab_size=512))
+    on = run(wrong, prompts(), greedy(n_out))
+    assert [o.output_token_ids for o in on] == [o.output_token_ids for o in off]
+    st = wrong.stats()
+    assert st.spec_proposed > 0 and st.spec_accepted == 0
+    if num_chunks == 5:
+        assert oracle.scheduler.num_preemptions > 0 and wrong.scheduler.num_preemptions > 0
+
+
+def test_the_second_round_of_the_suite_hits_the_prefix_cache_as_often_with_speculation_on(make_engine):
+    params = greedy()
+    off_engine = make_engine(budget=64)
+    off = run(off_engine, prompts(), params) + run(off_engine, prompts(), params)
+    reference = {tuple(p): o.output_token_ids for p, o in zip(prompts(), off)}
+    on_engine = make_engine(budget=64, speculative=2, drafter=ReplayDraft(reference))
+    on = run(on_engine, prompts(), params) + run(on_engine, prompts(), params)
+    assert [o.output_token_ids for o in on] == [o.output_token_ids for o in off]
+    assert [o.num_cached_tokens for o in on] == [o.num_cached_tokens for o in off]
+    assert sum(o.num_cached_tokens for o in on[8:]) > 0
+    assert on_engine.stats().prefix_hits == off_engine.stats().prefix_hits
+    assert on_engine.stats().spec_accepted == on_engine.stats().spec_proposed > 0
+
+
+def test_a_second_turn_reuses_as_many_tokens_with_speculation_on(make_engine):
+    prompt = [(53 * i + 7) % 500 + 1 for i in range(40)]
+    params = greedy(12)
+
+    def two_turns(engine):
+        first = run(engine, [prompt], params)[0]
+        turn2 = prompt + first.output_token_ids + [9, 8, 7, 6, 5]
+        return first, turn2, run(engine, [turn2], params)[0]
+
+    first, turn2, second = two_turns(make_engine(budget=64))
+    reference = {tuple(prompt): first.output_token_ids, tuple(turn2): second.output_token_ids}
+    engine = make_engine(budget=64, speculative=3, drafter=ReplayDraft(reference))
+    first_on, _, second_on = two_turns(engine)
+    assert second.num_cached_tokens == 48
+    assert (first_on.output_token_ids, second_on.output_token_ids) == (first.output_token_ids,
+                                                                       second.output_token_ids)
+    assert second_on.num_cached_tokens == second.num_cached_tokens
+
+
+def _state_pages(engine, slot):
+    """Every compressor-state tensor of ``slot`` (CSA rings of both compressors, HCA accumulators)."""
+    v = engine.runner.views
+    rows = [t[slot].clone() for layer in sorted(v.state) for t in (*v.state[layer], *v.index_state[layer])]
+    return rows + [v.hca[layer][slot].clone() for layer in sorted(v.hca)]
+
+
+def test_compressor_state_after_rejected_drafts_equals_a_run_that_never_drafted(make_engine):
+    """CSA rings (main and indexer) and HCA accumulators of a request whose every draft is rejected
+    track those of the same request decoded one token per step."""
+    prompt = prompts()[3]  # 33 tokens: decode crosses CSA entries and an HCA block end
+    params = greedy(24)
+    plain = make_engine(batch_invariant=True)
+    (ref,) = run(plain, [prompt], params)
+    wrong = make_engine(batch_invariant=True, speculative=3,
+                        drafter=ReplayDraft({tuple(prompt): ref.output_token_ids}, shift=1, vocab_size=512))
+    plain = make_engine(batch_invariant=True)
+    for engine in (plain, wrong):
+        engine.add_request(prompt, params)
+    compared = 0
+    while wrong.has_unfinished_requests():
+        wrong.step()
+        plain.step()
+        (seq_w,), (seq_p,) = wrong.scheduler.running or [None], plain.scheduler.running or [None]
+        if seq_w is None:
+            break
+        assert seq_w.num_computed_tokens == seq_p.num_computed_tokens and seq_w.state_slot == seq_p.state_slot
+        for a, b in zip(_state_pages(wrong, seq_w.state_slot), _state_pages(plain, seq_p.state_slot)):
+            # not bit-exact: a step with drafts attends with wider (padded) index lists, whose reductions
+            # round differently (~1e-7); a rejected draft's row left in the state would differ by O(1)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        compared += 1
+    assert compared >= 20 and wrong.stats().spec_proposed >= 3 * 20 and wrong.stats().spec_accepted == 0
+
+
+def test_logits_of_accepted_positions_match_the_reference_model(make_engine, reference):
+    from .test_engine_vs_reference import reference_logits
+
+    off = run(make_engine(), prompts()[:5], greedy())
+    drafts = ReplayDraft({tuple(p): o.output_token_ids for p, o in zip(prompts(), off)})
+    engine = make_engine(speculative=3, drafter=drafts)
+    seqs = []
+    for p in prompts()[:5]:
+        engine.add_request(p, greedy())
+        seqs.append(engine.scheduler.waiting[-1])
+    steps = []
+    while engine.has_unfinished_requests():
+        batch = engine.scheduler.schedule()
+        out = engine.runner.execute(batch)
+        for item in batch.seqs:
+            kept = item.num_committed + out.accepted.get(item.seq_id, 0)
+            steps.append((item.seq_id, item.start_pos, engine.runner.last_logits[item.seq_id][:kept]))
+        engine.scheduler.postprocess(batch, out)
+        engine.check_integrity()
+    assert sum(1 for s in engine.scheduler.spec.accepted_at if s) == 3
+    full = {s.seq_id: reference_logits(reference, s.token_ids[:-1]) for s in seqs}
+    for sid, start, logits in steps:
+        want = full[sid][start:start + logits.shape[0]]
+        torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
