@@ -8,6 +8,7 @@ from engine.test_engine_vs_reference import prompts, reference_greedy, reference
 from engine.test_prefix_hits import PROMPT, after, assert_bit_identical, run
 
 from atom.model_engine.unified_kv_arena import COMPRESS
+from atom.models.deepseek_v4.quant import _ceil_pow2
 from atom.sampling_params import SamplingParams
 
 FP8 = dict(kv_cache_dtype="fp8", quant_sim=True)
@@ -42,16 +43,108 @@ def test_fp8_rows_give_the_quant_sim_references_tokens_and_logits_at_every_step(
         torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
 
 
+# The largest relative logit difference one flipped KV value has caused in these runs (an FP8 NoPE value at the
+# last layer, read by the window of the next 7 queries): 1.5e-3, with both sides batch-invariant on the roomy
+# suite. Without the batch-invariant mode the preempting suite below measures 1.95e-4 and the roomy one 9.6e-5.
+FLIP_BOUND = 2e-3
+
+
 @pytest.mark.slow
-def test_under_preemption_fp8_rows_give_the_quant_sim_references_greedy_tokens(make_engine, reference_quant):
-    """Tokens only: against the reference's logits this schedule drifts past 1e-4 with fp32 rows as well (the
-    engine's HCA online accumulator rounds differently from the reference's batch softmax, and under quant_sim an
-    HCA entry can land on the other side of an FP8 rounding step), which is the HCA path, not the row format."""
+def test_under_preemption_fp8_rows_give_the_quant_sim_references_tokens_and_logits_up_to_rounding_flips(
+        make_engine, reference_quant, monkeypatch):
+    """With a forced preemption the engine's logits are not within 1e-4 of the quant_sim reference's, and no
+    implementation that does not repeat the reference's fp32 rounding op for op can make them so. Measured
+    (layer, request, position) by (layer, request, position):
+
+    * before its quantization round-trip every K=V row equals the reference's up to fp32 rounding: token-local ops
+      (GEMMs, norms) give results that depend on how many rows the step holds (a mixed batch of chunks and decodes
+      here, one prefill of the whole sequence in the reference), about 2e-7 relative; already in layer 0, whose
+      rows depend on the token alone. Flips upstream raise it to 5e-5 for later tokens.
+    * a value that close to a rounding point of its stored format lands on the other side: 29 of 6,396 rows differ
+      after the round-trip, each in one or two values, by one unit in the last place of the stored format (plus the
+      fp32 difference): mostly bf16 RoPE dims (2**-8 relative), some FP8-e4m3 NoPE dims (2**-3 relative at the
+      block's power-of-two scale);
+    * the queries whose window or picks read such a row move by up to 1.95e-4 (up to 1.5e-3 in other schedules).
+
+    Preemption is not the cause: the same suite without preemption flips other rows and happens to stay below 1e-4
+    (9.6e-5), one request alone flips too (1.9e-4), and without quant_sim the preempting run is within 1.6e-6
+    (``test_engine_vs_reference``). The HCA online accumulator is not the cause either: pooling the reference's HCA
+    blocks with the same accumulator changes none of these figures. So this test asserts what holds exactly: the
+    greedy tokens, every row within 1e-3 of its largest value before quantization (5.1e-5 measured) and within that
+    plus one unit in the last place after,
+    and the logits within the measured effect of such flips."""
     engine = make_engine(num_chunks=4, **FP8)
-    seqs, _ = run_suite(engine, 40)
+    eng_rows = record_kv_rows(monkeypatch, engine.runner.model)
+    batch_ids = []
+    execute = engine.runner.execute
+
+    def recording_execute(batch):
+        batch_ids[:] = [item.seq_id for item in batch.seqs for _ in range(item.num_tokens)]
+        return execute(batch)
+    monkeypatch.setattr(engine.runner, "execute", recording_execute)
+    eng_rows.key = lambda n: batch_ids
+    seqs, steps = run_suite(engine, 40)
     assert engine.scheduler.num_preemptions > 0
     for seq, p in zip(seqs, prompts()):
         assert seq.output_token_ids == reference_greedy(reference_quant, p, 40), f"prompt of {len(p)} tokens"
+    ref_rows, full = record_kv_rows(monkeypatch, reference_quant), {}
+    for s in seqs:
+        ref_rows.key = lambda n, sid=s.seq_id: [sid] * n
+        full[s.seq_id] = reference_logits(reference_quant, s.token_ids[:-1])
+    nope, block = reference_quant.cfg.nope_dim, reference_quant.cfg.fp8_block
+    flipped = 0
+    for key, writes in eng_rows.rows.items():
+        (ref_pre, ref_post), = ref_rows.rows[key]
+        for pre, post in writes:  # a preempted request's rows are computed again when it resumes
+            torch.testing.assert_close(pre, ref_pre, rtol=0, atol=1e-3 * float(ref_pre.abs().max()), msg=str(key))
+            ulp = last_place(torch.maximum(post.abs(), ref_post.abs()), torch.maximum(pre.abs(), ref_pre.abs()), nope, block)
+            assert bool((post - ref_post).abs().le((pre - ref_pre).abs() + ulp).all()), key
+            flipped += not torch.equal(post, ref_post)
+    assert 0 < flipped < len(eng_rows.rows) // 50
+    for sid, start, logits in steps:
+        want = full[sid][start:start + logits.shape[0]]
+        torch.testing.assert_close(logits, want, rtol=FLIP_BOUND, atol=FLIP_BOUND * float(want.abs().max()))
+
+
+class record_kv_rows:
+    """Every K=V row ``model`` computes, before and after its quantization round-trip:
+    ``rows[(layer, request, position)] = [(pre, post), ...]``; ``key(n)`` names the request of each of the
+    ``n`` tokens of the current call. Recording wraps the model's own methods (restored by ``monkeypatch``)."""
+
+    def __init__(self, monkeypatch, model):
+        from atom.models.deepseek_v4 import attention
+
+        self.rows, self.key, seen = {}, None, []
+        roundtrip = attention.kv_row_roundtrip
+
+        def recording_roundtrip(x, *args):
+            seen.append(x)
+            return roundtrip(x, *args)
+        monkeypatch.setattr(attention, "kv_row_roundtrip", recording_roundtrip)
+        for layer, block in enumerate(model.layers):
+            monkeypatch.setattr(block.attn, "project", self._wrap(block.attn.project, layer, seen))
+
+    def _wrap(self, project, layer, seen):
+        def recording_project(x, positions):
+            seen.clear()
+            out = project(x, positions)
+            (pre,) = seen
+            for j, (req, pos) in enumerate(zip(self.key(len(positions)), positions.tolist())):
+                self.rows.setdefault((layer, req, pos), []).append((pre[j].clone(), out.kv[j].clone()))
+            return out
+        return recording_project
+
+
+def last_place(post: torch.Tensor, pre: torch.Tensor, nope: int, block: int) -> torch.Tensor:
+    """One unit in the last place of each value of a stored row of magnitudes ``post`` (``pre`` = magnitudes
+    of the row before its round-trip): FP8-e4m3 (3 mantissa bits, subnormals below 2**-6) at the power-of-two
+    scale of each NoPE block of ``block`` values, bf16 (7 mantissa bits) on the RoPE dims. Rounding to a grid
+    moves two values apart by at most their distance plus one such unit."""
+    mag = post.clamp(min=torch.finfo(torch.float32).tiny)
+    exp = torch.floor(torch.log2(mag))
+    scale = _ceil_pow2(pre[:nope].reshape(-1, block).amax(-1).clamp(min=1e-4) / 448.0).repeat_interleave(block)
+    fp8 = torch.maximum(torch.exp2(exp[:nope] - 3), scale * 2.0**-9)
+    return torch.cat((fp8, torch.exp2(exp[nope:] - 7)))
 
 
 @pytest.mark.slow
