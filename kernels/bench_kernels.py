@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gemm", action="store_true", help="time the quantized-weight GEMMs (TFLOP/s) instead")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench_kernels: no CUDA/ROCm device (torch.cuda.is_available() is False); nothing measured",
+        print("bench_kernels needs a CUDA or ROCm GPU (torch.cuda.is_available() is False); nothing measured",
               file=sys.stderr)
         return 2
     rows = []

@@ -67,4 +67,5 @@ def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0_and_the_key_comes_f
     stderr = proc.stderr.read()
     assert proc.returncode == 0, stderr
     assert "atom: server stopped" in stderr
+    assert "atom: KV cache fp32 rows (" in stderr and " SWA tokens or " in stderr  # the start-up line: format, capacity
     assert len(chunks) == 48 and chunks[-1]["choices"][0]["finish_reason"] == "length"
