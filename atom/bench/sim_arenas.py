@@ -13,6 +13,11 @@ its pools use on :class:`~atom.model_engine.unified_kv_arena.UnifiedKvArena` (``
   the c4 group bounds the pages per chunk) with ATOM's fixed pool of ``max_num_seqs`` request states.
   Sizes come from :func:`atom.bench.capacity.atom_style_chunks`; the arena itself is the real
   :class:`UnifiedKvArena` over that layout (``reserved_state_slots``).
+- :func:`reserved_state_layout`: this project's elastic arena as it was before request state became
+  arena pages: a fixed pool of ``max_num_seqs`` request states of the old size (CSA rings plus a
+  ``ratio``-row HCA ring per HCA layer, :func:`atom.bench.capacity.ring_state_bytes`: 11.6 MiB on
+  V4-Flash) taken off the budget first, the same chunk geometry over the rest. It is the "before"
+  of the state owner, run on the same trace.
 - :class:`OracleKvArena`: the byte-granular bound. Every page (a request's state included) costs its
   exact bytes from one shared budget and is its own chunk, so nothing is padded and any freed byte
   serves any owner.
@@ -24,10 +29,10 @@ off it first (:func:`usable_bytes`), as those designs do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from atom.bench.capacity import atom_style_chunks
+from atom.bench.capacity import atom_style_chunks, ring_state_bytes
 from atom.config import CacheConfig
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.chunk_arena import ChunkArena, ChunkBackedFreeList
@@ -37,7 +42,7 @@ from atom.model_engine.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPage
 if TYPE_CHECKING:
     from atom.bench.simulate import SimConfig
 
-__all__ = ["Policy", "ARENA", "ARENA_POLICIES", "OTHER_POLICIES", "fixed", "build_block_manager", "PoolSizedLayout", "SplitKvArena", "OracleKvArena", "atom_style_layout", "split_arena",
+__all__ = ["Policy", "ARENA", "ARENA_RESERVED", "ARENA_POLICIES", "OTHER_POLICIES", "fixed", "build_block_manager", "PoolSizedLayout", "SplitKvArena", "OracleKvArena", "atom_style_layout", "reserved_state_layout", "split_arena",
            "oracle_arena", "usable_bytes", "exact_page_bytes"]
 
 
@@ -267,10 +272,21 @@ def atom_style_layout(layout: KvLayout) -> KvLayout:
                     reserved_state_slots=layout.max_live_requests)
 
 
+def reserved_state_layout(layout: KvLayout) -> KvLayout:
+    """The elastic arena before the state owner: ``max_live_requests`` request states of
+    :func:`ring_state_bytes` reserved up front, whatever runs; the same chunks over the rest."""
+    reserved = layout.max_live_requests * ring_state_bytes(layout.spec)
+    chunks = (layout.kv_cache_bytes - reserved) // layout.chunk_bytes
+    if chunks <= 0:
+        raise ValueError(f"{layout.max_live_requests} reserved request states of {ring_state_bytes(layout.spec)} B "
+                         f"leave no chunk of a {layout.kv_cache_bytes} B budget")
+    return replace(layout, num_chunks=chunks, reserved_state_slots=layout.max_live_requests)
+
+
 # ---- policies: which arena (and which retention flags) the block manager runs over ----------
 @dataclass(frozen=True)
 class Policy:
-    """One way of managing the same KV bytes. ``kind``: arena | split | atom | oracle."""
+    """One way of managing the same KV bytes. ``kind``: arena | reserved | split | atom | oracle."""
 
     name: str
     kind: str
@@ -282,8 +298,10 @@ class Policy:
 ARENA = Policy("arena", "arena")
 ARENA_POLICIES = (ARENA, Policy("arena+retain", "arena", full_retain=True),
                   Policy("arena+interval", "arena", full_retain=True, retention_interval=32768))
+#: the elastic arena with the request-state reservation made before the state owner (default flags)
+ARENA_RESERVED = Policy("arena-reserved-state", "reserved")
 OTHER_POLICIES = (Policy("atom-style", "atom"), Policy("atom-style+retain", "atom", full_retain=True),
-                  Policy("oracle", "oracle"), Policy("oracle+retain", "oracle", full_retain=True))
+                  Policy("oracle", "oracle"), Policy("oracle+retain", "oracle", full_retain=True), ARENA_RESERVED)
 
 
 def fixed(share: float, retain: bool = False) -> Policy:
@@ -297,6 +315,8 @@ def build_block_manager(policy: Policy, layout: KvLayout, cfg: "SimConfig") -> B
                         swa_full_retain=policy.full_retain, swa_retention_interval=policy.retention_interval)
     if policy.kind == "arena":
         return BlockManager(layout, cache)
+    if policy.kind == "reserved":
+        return BlockManager(reserved_state_layout(layout), cache)
     if policy.kind == "atom":
         atom = atom_style_layout(layout)
         return BlockManager(atom, cache)

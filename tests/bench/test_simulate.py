@@ -12,11 +12,12 @@ import re
 import pytest
 
 import atom.bench.simulate as sim
-from atom.bench.capacity import atom_style_chunks
-from atom.bench.sim_arenas import OracleKvArena, SplitKvArena, atom_style_layout, split_arena, usable_bytes
+from atom.bench.capacity import atom_style_chunks, ring_state_bytes
+from atom.bench.sim_arenas import (ARENA_RESERVED, OracleKvArena, SplitKvArena, atom_style_layout, reserved_state_layout, split_arena,
+                                   usable_bytes)
 from atom.bench.sim_workloads import Segment, Session, Turn, agentic, build_trace, chat, long_context, request_id
 from atom.model_engine.chunk_arena import ArenaEmpty
-from atom.model_engine.unified_kv_arena import COMPRESS, SWA
+from atom.model_engine.unified_kv_arena import COMPRESS, STATE, SWA
 
 SMALL = sim.SimConfig(budget_bytes=1 << 30, max_num_seqs=16, max_batched_tokens=2048, max_model_len=32768)
 
@@ -93,7 +94,7 @@ def test_the_oracle_never_evicts_while_the_requested_bytes_remain_free(monkeypat
 
 
 @pytest.mark.parametrize("policy", [sim.ARENA_POLICIES[2], sim.fixed(0.2), sim.OTHER_POLICIES[0],
-                                    sim.OTHER_POLICIES[3]], ids=lambda p: p.name)
+                                    sim.OTHER_POLICIES[3], ARENA_RESERVED], ids=lambda p: p.name)
 def test_every_policy_keeps_the_control_planes_integrity_checks_on_a_loaded_trace(policy):
     res = sim.run_trace(small_trace(), policy, dataclasses.replace(SMALL, check_every=7))
     assert res.finished == sum(len(s.turns) for s in small_trace())
@@ -141,6 +142,18 @@ def test_the_atom_style_layout_takes_its_chunks_from_the_capacity_module():
     atom = atom_style_layout(layout)
     assert (atom.num_chunks, atom.compress_pages_per_chunk) == atom_style_chunks(layout.spec, usable_bytes(layout))
     assert atom.chunk_pages == 1 and atom.arena_bytes <= usable_bytes(layout)
+
+
+def test_the_reserved_state_arena_takes_the_old_ring_states_off_the_budget_and_keeps_the_chunk_shape():
+    layout = sim.base_layout(SMALL)
+    old = reserved_state_layout(layout)
+    assert ring_state_bytes(layout.spec) == 12_206_080  # V4-Flash: CSA rings + a 128-row HCA ring per HCA layer
+    assert old.num_chunks == (2**30 - 16 * 12_206_080) // layout.chunk_bytes == 70 and layout.num_chunks == 86
+    assert (old.chunk_pages, old.compress_pages_per_chunk, old.chunk_bytes) == \
+        (layout.chunk_pages, layout.compress_pages_per_chunk, layout.chunk_bytes)
+    assert old.reserved_state_slots == 16 and layout.reserved_state_slots == 0
+    bm = sim.build_block_manager(ARENA_RESERVED, layout, SMALL)
+    assert bm.arena.available(STATE) == 16 and bm.arena.num_free_chunks() == 70  # the state pool is not chunks
 
 
 def test_workloads_are_seeded_and_have_the_documented_shapes():
