@@ -62,7 +62,7 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     ``config.cache.kv_cache_dtype`` (see :func:`resolve_row_format`).
 
     With ``config.parallel.tensor_parallel_size > 1`` the model is sharded over that many ranks
-    (:mod:`atom.parallel`; fp32 rows, weights dequantized slice by slice): this process is rank 0 and
+    (:mod:`atom.parallel`; fp32 rows, each rank's weights kept as stored): this process is rank 0 and
     spawns the others, or joins the ranks ``torchrun`` started when ``rank_group`` is given.
     """
     from atom.builtin_model import ensure_builtin_model
@@ -82,12 +82,13 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
                          "tensor_parallel_size=1 (the ranks would verify drafts separately)")
     if size > 1:
         from atom.parallel.executor import start_parallel_runner
+        from atom.parallel.shard_loader import check_shardable
 
         model_cfg = read_config(model_dir, batch_invariant=batch_invariant)
         layout = layout_for(model_cfg, config)
-        shard_plan_for(config, 0, size, model_cfg).check(model_cfg)  # before any worker starts
+        check_shardable(model_dir, shard_plan_for(config, 0, size, model_cfg))  # before any worker starts
         spec = RankSpec(config, str(model_dir), poison=poison, kernel_backend=kernel_backend,
-                        batch_invariant=batch_invariant, eos_token_id=tokenizer.eos_token_id)
+                        batch_invariant=batch_invariant, eos_token_id=tokenizer.eos_token_id, quant_sim=quant_sim)
         runner = start_parallel_runner(spec, keep_logits=keep_logits, group=rank_group)
     else:
         device = resolve_device(mc.device)

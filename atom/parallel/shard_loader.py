@@ -1,113 +1,93 @@
-"""Loading one rank's shard of a checkpoint: each tensor read as the slice the rank holds.
+"""Loading one rank's shard of a checkpoint: each tensor read as the slice the rank holds, still quantized.
 
-Every tensor is opened with ``safetensors.safe_open`` and read through ``get_slice``, so a rank
-reads (and allocates) only its rows or columns of a split tensor and nothing of another rank's
-experts. FP8 e4m3 weights are sliced together with their block-128 scales (a split of an FP8
-dimension must fall on a multiple of 128) and dequantized slice by slice.
+The unsharded loader's planning (:func:`plan_model`) runs first on the ``meta`` device: every name,
+full shape and dtype is checked against the config exactly as for one rank, and each Linear gets its
+stored format. :func:`shard_model` then gives the rank its local shapes (refusing a quantized split
+that would cut scale blocks) and allocates only them, and every tensor is read through
+``safe_open(...).get_slice``: a rank reads nothing of another rank's rows, columns or experts.
 
-The checks of the unsharded loader hold here too: a tensor the model needs that no file holds, a
-tensor no rank uses, or a full shape that differs from the config's raises ``CheckpointError``.
+* FP8 e4m3 weights: the slice of e4m3 values and the 128x128 block scales that cover it (a slice of
+  whole blocks, or a slice inside one block, which then holds that block's scale).
+* MXFP4 routed experts: rows of packed nibbles and their scales, or (a split of the inputs) bytes
+  ``start/2 ..`` and scale groups ``start/32 ..``.
+* ``attn.wo_a`` (FP8 in the release, dense in the model as on one rank) is dequantized slice by slice.
 """
 
 from __future__ import annotations
 
-import json
-from contextlib import ExitStack
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
-from atom.models.deepseek_v4.loader import INDEX_FILE, IGNORED_ALIASES, CheckpointError
-from atom.models.deepseek_v4.loader import read_config as load_config
-from atom.models.deepseek_v4.model import DeepseekV4Model
-from atom.models.deepseek_v4.quant import WEIGHT_BLOCK, dequantize_fp8_weight
 from atom.comm import Comm
+from atom.kernels.quant_formats import FP4_GROUP
+from atom.models.deepseek_v4.layers import Linear
+from atom.models.deepseek_v4.loader import (CheckpointError, CheckpointIndex, check_fits, convert_stored,
+                                            dequantize_stored, plan_model)
+from atom.models.deepseek_v4.model import DeepseekV4Model
+from atom.models.deepseek_v4.quant import WEIGHT_BLOCK
 from atom.parallel.shard_plan import DROPPED, ShardPlan, Split
-from atom.parallel.sharding import local_shape, shard_model
+from atom.parallel.sharding import shard_model
 
-__all__ = ["load_sharded_checkpoint"]
+__all__ = ["load_sharded_checkpoint", "check_shardable"]
 
 
 def load_sharded_checkpoint(directory: str | Path, plan: ShardPlan, comm: Comm, *,
                             dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                             **overrides: object) -> DeepseekV4Model:
-    """This rank's shard of the model in ``directory`` (``overrides`` as for ``load_checkpoint``)."""
-    directory = Path(directory)
-    cfg = load_config(directory, **overrides)
-    model = shard_model(DeepseekV4Model(cfg, dtype=dtype, device="meta"), plan, comm, device)
-    files = _tensor_files(directory)
+    """This rank's shard of the model in ``directory``, quantized weights kept as stored (``overrides``
+    as for ``load_checkpoint``); ``CheckpointError`` for a checkpoint that does not match or cannot be split."""
+    model, index, dequant = plan_model(directory, dtype=dtype, **overrides)
+    full_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    logical = {f"{path}.weight": (m.out_features, m.in_features) for path, m in model.named_modules()
+               if isinstance(m, Linear)}  # [out, in] (an MXFP4 weight is stored [out, in/2])
+    model = _shard(directory, model, plan, comm, device)
     targets = model.state_dict()
-    _check_names(set(targets), files, plan)
-    with ExitStack() as stack, torch.no_grad():
-        handles = {f: stack.enter_context(safe_open(str(f), framework="pt")) for f in set(files.values())}
+    check_fits(sum(t.numel() * t.element_size() for t in targets.values()), device)
+    with torch.no_grad():
         for name, target in targets.items():
             spec = plan.spec(name)
             assert spec != DROPPED, name
-            t = _read(handles, files, name, spec, tuple(target.shape))
-            if not torch.is_floating_point(target) and torch.is_floating_point(t):
-                raise CheckpointError(f"tensor {name} must be an integer tensor, got {t.dtype}")
-            target.copy_(t.to(target.dtype))
+            owner, _, attr = name.rpartition(".")
+            mod = model.get_submodule(owner) if owner else model
+            quantized = isinstance(mod, Linear) and mod.fmt != "dense"
+            if quantized and attr == "scale":
+                continue  # read with its weight
+            if quantized:
+                weight, scale = _read_quantized(index, owner, mod.fmt, logical[name], spec, device)
+                _put(target, weight, name)
+                _put(mod.scale, scale, f"{owner}.scale")
+            elif name in dequant:
+                weight, scale = _read_quantized(index, owner, _stored_format(index, name), full_shapes[name],
+                                                spec, device)
+                _put(target, dequantize_stored(name, weight, scale), name)
+            else:
+                _put(target, index.read(name, device, _index(full_shapes[name], spec)), name)
     return model.eval()
 
 
-def _tensor_files(directory: Path) -> dict[str, Path]:
-    """Tensor name -> the file holding it (from the index, or from every ``*.safetensors`` file)."""
-    index = directory / INDEX_FILE
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        out = {name: directory / fname for name, fname in weight_map.items()}
-        for f in set(out.values()):
-            if not f.is_file():
-                raise CheckpointError(f"checkpoint file {f} is missing")
-        return out
-    paths = sorted(directory.glob("*.safetensors"))
-    if not paths:
-        raise CheckpointError(f"no *.safetensors files in {directory}")
-    out = {}
-    for f in paths:
-        try:
-            with safe_open(str(f), framework="pt") as h:
-                out.update({name: f for name in h.keys()})
-        except (OSError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"checkpoint file {f} is unreadable or corrupted: {e}") from e
-    return out
+def check_shardable(directory: str | Path, plan: ShardPlan) -> None:
+    """``CheckpointError`` (before any rank starts) unless the checkpoint matches its config and every tensor
+    can be split by ``plan`` in its stored format; only headers are read, nothing is allocated."""
+    model, _, _ = plan_model(directory)
+    _shard(directory, model, plan, Comm(plan.rank, plan.size, group="not used: nothing runs"), "meta")
 
 
-def _check_names(expected: set[str], files: dict[str, Path], plan: ShardPlan) -> None:
-    stored = {n for n in files if n not in IGNORED_ALIASES
-              and not (n.endswith(".scale") and n[: -len("scale")] + "weight" in files)}
-    missing = sorted(expected - stored)
-    unknown = sorted(n for n in stored - expected if plan.spec(n) != DROPPED)
-    if missing or unknown:
-        raise CheckpointError(f"checkpoint does not match the model: missing tensors {missing}; "
-                              f"unknown tensors {unknown}")
-
-
-def _read(handles: dict, files: dict[str, Path], name: str, spec: Split | None,
-          want: tuple[int, ...]) -> torch.Tensor:
-    """Tensor ``name`` as this rank holds it (FP8 weights dequantized to fp32)."""
-    sl = handles[files[name]].get_slice(name)
-    full = tuple(sl.get_shape())
-    if spec is not None and full[spec.dim] % spec.parts:
-        raise CheckpointError(f"tensor {name} has shape {full}: dim {spec.dim} does not split into {spec.parts}")
-    if local_shape(full, spec) != want:
-        raise CheckpointError(f"tensor {name} has shape {full}, the model expects {want} "
-                              f"of it on this rank ({spec})")
-    index = _index(full, spec)
-    t = sl[index]
-    scale_name = name[: -len("weight")] + "scale" if name.endswith(".weight") else None
-    if scale_name is None or scale_name not in files:
-        if t.dtype == torch.float8_e4m3fn:
-            raise CheckpointError(f"fp8 tensor {name} has no sibling scale tensor")
-        return t
-    if t.dtype != torch.float8_e4m3fn:
-        raise CheckpointError(f"{name} has a scale but dtype {t.dtype}; only fp8 e4m3 weights are supported")
-    scale = handles[files[scale_name]].get_slice(scale_name)[_scale_index(name, full, spec)]
+def _shard(directory: str | Path, model: DeepseekV4Model, plan: ShardPlan, comm: Comm,
+           device: torch.device | str) -> DeepseekV4Model:
     try:
-        return dequantize_fp8_weight(t, scale)
+        return shard_model(model, plan, comm, device)
     except ValueError as e:
-        raise CheckpointError(f"{name}: {e}") from e
+        raise CheckpointError(f"checkpoint {directory} cannot be split over {plan.size} ranks: {e}") from e
+
+
+def _put(target: torch.Tensor, value: torch.Tensor, name: str) -> None:
+    assert tuple(value.shape) == tuple(target.shape), (name, tuple(value.shape), tuple(target.shape))
+    target.copy_(convert_stored(value, target))
+
+
+def _stored_format(index: CheckpointIndex, name: str) -> str:
+    return "fp8" if index.entries[name].dtype == "F8_E4M3" else "mxfp4"
 
 
 def _index(full: tuple[int, ...], spec: Split | None) -> tuple[slice, ...]:
@@ -117,13 +97,21 @@ def _index(full: tuple[int, ...], spec: Split | None) -> tuple[slice, ...]:
     return tuple(index)
 
 
-def _scale_index(name: str, full: tuple[int, ...], spec: Split | None) -> tuple[slice, ...]:
-    """The block-scale rows / columns that cover this rank's slice of an FP8 weight."""
-    index = [slice(None)] * len(full)
+def _read_quantized(index: CheckpointIndex, path: str, fmt: str, full: tuple[int, ...], spec: Split | None,
+                    device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(stored weight slice, its scales)`` of the quantized Linear at ``path`` (logical shape ``full``)."""
+    w_index, s_index = [slice(None)] * 2, [slice(None)] * 2
     if spec is not None:
         start, stop = spec.bounds(full[spec.dim])
-        if start % WEIGHT_BLOCK or (stop % WEIGHT_BLOCK and stop != full[spec.dim]):
-            raise CheckpointError(f"fp8 tensor {name}: the split {start}..{stop} of dim {spec.dim} does not fall "
-                                  f"on its {WEIGHT_BLOCK}-wide scale blocks; use a parallel size that does")
-        index[spec.dim] = slice(start // WEIGHT_BLOCK, -(-stop // WEIGHT_BLOCK))
-    return tuple(index)
+        if fmt == "fp8":  # whole blocks, or inside one block (check_quantized_split)
+            assert start % WEIGHT_BLOCK == 0 or start // WEIGHT_BLOCK == (stop - 1) // WEIGHT_BLOCK, (path, start)
+            w_index[spec.dim] = slice(start, stop)
+            s_index[spec.dim] = slice(start // WEIGHT_BLOCK, -(-stop // WEIGHT_BLOCK))
+        elif spec.dim == 0:
+            w_index[0] = s_index[0] = slice(start, stop)
+        else:
+            assert start % FP4_GROUP == 0 and stop % FP4_GROUP == 0, (path, start, stop)
+            w_index[1] = slice(start // 2, stop // 2)
+            s_index[1] = slice(start // FP4_GROUP, stop // FP4_GROUP)
+    return (index.read(f"{path}.weight", device, tuple(w_index)),
+            index.read(f"{path}.scale", device, tuple(s_index)))

@@ -18,6 +18,9 @@ everything else                           the whole tensor (norms, mHC, router, 
                                           projection, compressors, lightning indexer)
 ========================================  =========================================================
 
+A quantized weight's ``.scale`` has the weight's split: the plan names the logical ``[out, in]``
+dimension, and the loader reads the scale blocks (FP8: 128x128; MXFP4: 32 inputs) covering the slice.
+
 The latent KV is one head (MQA), so every rank computes and stores all of it: the KV arena is
 replicated, not split. Query heads ``k*H/n ..`` feed output groups ``k*G/n ..`` because a group
 owns ``H/G`` consecutive heads; that is why ``o_groups`` must be a multiple of ``n``.
@@ -36,10 +39,11 @@ __all__ = ["Split", "ShardPlan", "DROPPED"]
 
 _LAYER = r"^(?:layers|mtp)\.\d+\."
 _VOCAB = re.compile(r"^(?:embed|head)\.weight$")
-_ATTN_ROWS = re.compile(_LAYER + r"attn\.(?:wq_b\.weight|attn_sink|wo_a\.weight)$")
-_ATTN_COLS = re.compile(_LAYER + r"attn\.wo_b\.weight$")
-_EXPERT = re.compile(_LAYER + r"ffn\.experts\.(\d+)\.(w[123])\.weight$")
-_SHARED = re.compile(_LAYER + r"ffn\.shared_experts\.(w[123])\.weight$")
+_W = r"\.(?:weight|scale)$"  # a quantized weight's block scales are split with it
+_ATTN_ROWS = re.compile(_LAYER + r"attn\.(?:(?:wq_b|wo_a)\.(?:weight|scale)|attn_sink)$")
+_ATTN_COLS = re.compile(_LAYER + r"attn\.wo_b" + _W)
+_EXPERT = re.compile(_LAYER + r"ffn\.experts\.(\d+)\.(w[123])" + _W)
+_SHARED = re.compile(_LAYER + r"ffn\.shared_experts\.(w[123])" + _W)
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ class ShardPlan:
                 return None if int(expert) in self.expert_range() else DROPPED
             return self._part(1 if which == "w2" else 0)
         if kind == "shared":
-            return self._part(1 if name.endswith("w2.weight") else 0)
+            return self._part(1 if _SHARED.match(name).group(1) == "w2" else 0)
         return None if kind is None else self._part(1 if kind == "cols" else 0)
 
     def is_sharded(self, name: str) -> bool:

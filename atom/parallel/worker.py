@@ -42,6 +42,7 @@ class RankSpec:
     device: str = "cpu"
     eos_token_id: int | None = None  # for ``min_tokens`` in the sampler
     keep_logits: bool = False  # every rank runs the head over the same rows (its all-gather is collective)
+    quant_sim: bool | None = None  # None: ``config.model.quant_sim`` (``auto``: on for a quantized checkpoint)
 
 
 def shard_plan_for(config: EngineConfig, rank: int, size: int, cfg: DeepseekV4Config) -> ShardPlan:
@@ -60,13 +61,17 @@ def layout_for(cfg: DeepseekV4Config, config: EngineConfig) -> KvLayout:
 def build_rank_runner(spec: RankSpec, group: RankGroup, *, keep_logits: bool = False
                       ) -> tuple[ModelRunner, ParameterBytes]:
     """This rank's runner over its shard, and the parameter bytes it holds."""
+    from pathlib import Path
+
+    from atom.model_executor.placement import resolve_quant_sim
     from atom.models.deepseek_v4.loader import read_config
 
-    cfg = read_config(spec.model_dir)
-    plan = shard_plan_for(spec.config, group.rank, group.size, cfg)
-    model = load_sharded_checkpoint(spec.model_dir, plan, group.comm, device=spec.device,
-                                    batch_invariant=spec.batch_invariant)
     c = spec.config
+    cfg = read_config(spec.model_dir)
+    plan = shard_plan_for(c, group.rank, group.size, cfg)
+    quant_sim = resolve_quant_sim(c.model.quant_sim, Path(spec.model_dir)) if spec.quant_sim is None else spec.quant_sim
+    model = load_sharded_checkpoint(spec.model_dir, plan, group.comm, device=spec.device,
+                                    batch_invariant=spec.batch_invariant, quant_sim=quant_sim)
     runner = ModelRunner(model, layout_for(model.cfg, c), max_model_len=c.scheduler.max_model_len, seed=c.model.seed,
                          poison=spec.poison, kernel_backend=spec.kernel_backend, keep_logits=keep_logits,
                          eos_token_id=spec.eos_token_id)

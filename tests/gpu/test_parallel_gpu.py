@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from atom.models.deepseek_v4.checkpoint import random_state_dict
 from atom.models.deepseek_v4.model import DeepseekV4Model
-from atom.parallel.process_group import free_port
-from support.parallel_ranks import CFG, TOKENS, layers_rank, sharded_layers
+from support.parallel_ranks import CFG, TOKENS, layers_rank, run_ranks, sharded_layers
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,31 +23,13 @@ pytestmark = [
 ]
 
 
-def run_two_ranks(device_type: str, expert_parallel: bool) -> tuple[torch.Tensor, ...]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=layers_rank, args=(r, init, device_type, expert_parallel, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = queue.get(timeout=300)
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs)
-    return got
-
-
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp-experts", "expert-parallel"])
 def test_two_gpus_over_nccl_match_the_unsharded_layers(expert_parallel):
     ref = DeepseekV4Model(CFG)
     ref.load_state_dict(random_state_dict(CFG, seed=1))
     with torch.no_grad():
         x, z, logits = sharded_layers(ref, TOKENS)
-    got = run_two_ranks("cuda", expert_parallel)
+    got = [torch.from_numpy(a) for a in run_ranks(layers_rank, ("cuda", expert_parallel), results=1)[0]]
     assert torch.equal(got[0], x)  # the vocab-parallel lookup is exact
     torch.testing.assert_close(got[1], z, rtol=1e-5, atol=1e-5 * float(z.abs().max()))
     torch.testing.assert_close(got[2], logits, rtol=1e-5, atol=1e-5 * float(logits.abs().max()))

@@ -9,56 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from atom.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
-from atom.model_engine.kv_layout import KvLayout
-from atom.engine_builder import build_engine
-from atom.models.deepseek_v4.loader import read_config as load_config
+from atom.config import ParallelConfig
 from atom.parallel.executor import DistributedRunner
-from atom.sampling_params import SamplingParams
+from support.parallel_engine import make_engine, scenario
 
 pytestmark = pytest.mark.slow
 
-PROMPT = [(53 * i + 7) % 500 + 1 for i in range(40)]
-CONCURRENT = [[(31 * i + 3 * n) % 500 + 1 for i in range(n)] for n in (20, 28, 36, 44)]
 MODES = {
     "tp2": ParallelConfig(2),
     "ep2-replicated-attention": ParallelConfig(2, enable_expert_parallel=True, replicate_attention=True),
     "tp2+ep2": ParallelConfig(2, enable_expert_parallel=True),
 }
-
-
-def make_engine(tiny_dir, parallel: ParallelConfig):
-    limits = SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=4, max_model_len=512)
-    kv = KvLayout.for_chunks(load_config(tiny_dir).kv_spec("fp32", include_mtp=False), 5, limits).kv_cache_bytes
-    config = EngineConfig(ModelConfig(path=str(tiny_dir)), limits, CacheConfig(kv_cache_bytes=kv), parallel)
-    return build_engine(config, keep_logits=True, poison=True)
-
-
-def run(engine, prompts, max_tokens, steps):
-    seqs = []
-    for p in prompts:
-        engine.add_request(p, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-        seqs.append(engine.scheduler.waiting[-1])
-    while engine.has_unfinished_requests():
-        batch = engine.scheduler.schedule()
-        out = engine.runner.execute(batch)
-        steps += [(s.seq_id, s.start_pos, s.restore_page, engine.runner.last_logits[s.seq_id]) for s in batch.seqs]
-        engine.scheduler.postprocess(batch, out)
-        engine.check_integrity()
-    return seqs
-
-
-def scenario(engine):
-    """(outputs, steps, hit tokens, preemptions) of: a 32-token prefix, the 40-token prompt that hits
-    it, then four requests whose long decodes outgrow the arena together."""
-    steps: list = []
-    run(engine, [PROMPT[:32]], 1, steps)
-    hit = run(engine, [PROMPT], 2, steps)
-    rest = run(engine, CONCURRENT, 40, steps)  # long decodes make the running requests grow into each other
-    outputs = [s.output_token_ids for s in hit + rest]
-    order = {sid: i for i, sid in enumerate(dict.fromkeys(s[0] for s in steps))}  # ids are process-global
-    steps = [(order[sid], *rest) for sid, *rest in steps]
-    return outputs, steps, hit[0].num_cached_tokens, engine.scheduler.num_preemptions
 
 
 @pytest.fixture(scope="module")

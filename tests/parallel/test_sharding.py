@@ -100,19 +100,3 @@ def test_the_loader_reads_exactly_this_ranks_slice_of_every_tensor(tiny_dir, ep)
 def _start_len(spec: Split, t: torch.Tensor) -> tuple[int, int]:
     start, stop = spec.bounds(t.shape[spec.dim])
     return start, stop - start
-
-
-def test_fp8_weights_are_sliced_on_their_scale_blocks_and_dequantized(tmp_path):
-    cfg = TINY.replace(moe_inter_dim=256)  # expert splits fall on the 128-wide scale blocks
-    save_checkpoint(tmp_path, cfg, random_state_dict(cfg, seed=3), fp8=True)
-    full = load_checkpoint(tmp_path, keep_quantized=False).state_dict()
-    p = plan(split_attention=False, cfg=cfg)
-    local = load_sharded_checkpoint(tmp_path, p, Comm(1, 2, NOT_USED)).state_dict()
-    w1, w2 = "layers.1.ffn.experts.6.w1.weight", "layers.1.ffn.shared_experts.w2.weight"
-    assert torch.equal(local[w1], full[w1][128:]) and torch.equal(local[w2], full[w2][:, 128:])
-
-
-def test_an_fp8_split_that_cuts_a_scale_block_is_refused(tmp_path):
-    save_checkpoint(tmp_path, TINY, random_state_dict(TINY), fp8=True)
-    with pytest.raises(CheckpointError, match="does not fall on its 128-wide scale blocks"):
-        load_sharded_checkpoint(tmp_path, plan(), Comm(1, 2, NOT_USED))

@@ -115,8 +115,13 @@ class Linear(nn.Module):
         assert self.gemm is not None and self.scale is not None
         x2 = x.to(self.dtype).reshape(-1, self.in_features)
         if self.act_block:
-            x2 = fp8_roundtrip(x2, self.act_block)
+            x2 = self.quantize_input(x2)
         return self.gemm(x2, self.weight, self.scale).reshape(*x.shape[:-1], self.out_features)
+
+    def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The FP8 round-trip of the GEMM input ``x [M, in]`` in blocks of ``act_block`` inputs (a layer whose
+        inputs are split across ranks overrides it: its blocks may span ranks)."""
+        return fp8_roundtrip(x, self.act_block)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt}"

@@ -16,7 +16,8 @@
 
 MTP tensors are read only with ``load_mtp=True``; the release's MTP aliases of the embedding and head
 (``mtp.0.emb.tok_emb.weight``, ``mtp.0.head.weight``) are skipped.  ``CheckpointIndex.read`` takes a row
-slice (``safe_open.get_slice``), so a tensor-parallel split can read its part of a tensor only.
+slice (``safe_open.get_slice``), so a tensor-parallel split can read its part of a tensor only;
+``plan_model`` (steps 1 to 3) is shared with the sharded loader of ``atom.parallel``.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from .layers import Linear
 from .model import DeepseekV4Model
 from .quant import dequantize_fp8_weight, dequantize_mxfp4_weight
 
-__all__ = ["CheckpointError", "CheckpointIndex", "load_checkpoint", "read_config", "check_fits",
-           "available_bytes", "INDEX_FILE"]
+__all__ = ["CheckpointError", "CheckpointIndex", "load_checkpoint", "plan_model", "read_config", "check_fits",
+           "available_bytes", "convert_stored", "dequantize_stored", "INDEX_FILE"]
 
 INDEX_FILE = "model.safetensors.index.json"
 IGNORED_ALIASES = ("mtp.0.emb.tok_emb.weight", "mtp.0.head.weight")
@@ -121,8 +122,10 @@ class CheckpointIndex:
         """Bytes of tensor data on disk (headers excluded)."""
         return sum(e.nbytes for e in self.entries.values())
 
-    def read(self, name: str, device: torch.device | str = "cpu", rows: slice | None = None) -> torch.Tensor:
-        """Tensor ``name`` (or its ``rows``) on ``device``; the file is opened for this tensor only."""
+    def read(self, name: str, device: torch.device | str = "cpu",
+             rows: slice | tuple[slice, ...] | None = None) -> torch.Tensor:
+        """Tensor ``name`` (or its ``rows``, or a slice per dimension) on ``device``; the file is opened for
+        this tensor only."""
         entry = self.entries[name]
         try:
             with safe_open(str(entry.file), framework="pt", device=str(device)) as f:
@@ -226,7 +229,7 @@ def _expected_dtypes(name: str, target: torch.Tensor, dequant: set[str]) -> tupl
     return _FLOATS
 
 
-def _convert(t: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def convert_stored(t: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``t`` as the dtype of ``target`` (bit views for packed FP4 and e8m0), never sharing the file mapping."""
     if target.dtype in (torch.uint8, torch.float8_e8m0fnu) and t.dtype in (torch.int8, torch.uint8):
         out = t.view(target.dtype)
@@ -253,6 +256,27 @@ def _shards(index: CheckpointIndex, progress: bool) -> Iterator[Path]:
     yield from tqdm(index.files, desc="loading shards", unit="shard")
 
 
+def plan_model(directory: str | Path, *, dtype: torch.dtype = torch.float32, keep_quantized: bool = True,
+               load_mtp: bool = True, **overrides: object) -> tuple[DeepseekV4Model, CheckpointIndex, set[str]]:
+    """The model of ``directory`` on the ``meta`` device with each Linear in its stored format, the checkpoint's
+    index and the weight names to dequantize while loading; every name, shape and dtype already checked.
+
+    Raises ``CheckpointError`` naming each tensor that does not match (no tensor data is read)."""
+    directory = Path(directory)
+    cfg = read_config(directory, **overrides)
+    index = CheckpointIndex(directory)
+    model = DeepseekV4Model(cfg, dtype=dtype, device="meta")
+    if not load_mtp:
+        model.mtp = nn.ModuleList()
+    dequant = _plan_formats(model, index, keep_quantized)
+    skipped = set(IGNORED_ALIASES) | (set() if load_mtp else {n for n in index.entries if n.startswith("mtp.")})
+    problems = _problems(dict(model.state_dict()), index, dequant, skipped)
+    if problems:
+        more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
+        raise CheckpointError(f"checkpoint {directory} does not match the model: " + "; ".join(problems[:20]) + more)
+    return model, index, dequant
+
+
 def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32,
                     device: torch.device | str = "cpu", keep_quantized: bool = True, load_mtp: bool = True,
                     progress: bool = False, **overrides: object) -> DeepseekV4Model:
@@ -261,19 +285,9 @@ def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32
     ``overrides`` set config fields (``quant_sim=True`` also FP8-quantizes the inputs of quantized GEMMs).
     Raises ``CheckpointError`` before reading any data when names, shapes, dtypes or free memory are wrong.
     """
-    directory = Path(directory)
-    cfg = read_config(directory, **overrides)
-    index = CheckpointIndex(directory)
-    model = DeepseekV4Model(cfg, dtype=dtype, device="meta")
-    if not load_mtp:
-        model.mtp = nn.ModuleList()
-    dequant = _plan_formats(model, index, keep_quantized)
+    model, index, dequant = plan_model(directory, dtype=dtype, keep_quantized=keep_quantized, load_mtp=load_mtp,
+                                       **overrides)
     expected = dict(model.state_dict())
-    skipped = set(IGNORED_ALIASES) | (set() if load_mtp else {n for n in index.entries if n.startswith("mtp.")})
-    problems = _problems(expected, index, dequant, skipped)
-    if problems:
-        more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
-        raise CheckpointError(f"checkpoint {directory} does not match the model: " + "; ".join(problems[:20]) + more)
     check_fits(sum(t.numel() * t.element_size() for t in expected.values()), device)
     for path in _shards(index, progress):
         for name in index.names_in(path):
@@ -282,14 +296,18 @@ def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32
             if name in dequant:
                 value = _dequantized(index, name, device).to(expected[name].dtype)
             else:
-                value = _convert(index.read(name, device), expected[name])
+                value = convert_stored(index.read(name, device), expected[name])
             _install(model, name, value)
     return model.eval()
 
 
 def _dequantized(index: CheckpointIndex, name: str, device: torch.device | str) -> torch.Tensor:
-    weight = index.read(name, device)
-    scale = index.read(name[: -len("weight")] + "scale", device)
+    return dequantize_stored(name, index.read(name, device), index.read(name[: -len("weight")] + "scale", device))
+
+
+def dequantize_stored(name: str, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 values of quantized weight ``name`` (or a block-aligned part of it) as read from the file:
+    FP8 e4m3 with 128x128 block scales, or packed FP4 pairs (int8 / uint8) with one scale per 32 inputs."""
     if scale.dtype == torch.uint8:
         scale = scale.view(torch.float8_e8m0fnu)
     try:

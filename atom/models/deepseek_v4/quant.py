@@ -46,9 +46,14 @@ def fp8_roundtrip(x: torch.Tensor, block: int) -> torch.Tensor:
     """FP8-e4m3 quantize->dequantize over blocks of ``block`` values along the last dim (pow-2 scales)."""
     shape = x.shape
     xb = x.float().reshape(*shape[:-1], shape[-1] // block, block)
-    scale = _ceil_pow2(xb.abs().amax(-1, keepdim=True).clamp(min=FP8_AMAX_FLOOR) / FP8_MAX)
+    scale = fp8_scale(xb.abs().amax(-1, keepdim=True))
     q = (xb / scale).to(torch.float8_e4m3fn).float()
     return (q * scale).reshape(shape).to(x.dtype)
+
+
+def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The power-of-two FP8 scale of a block whose largest magnitude is ``amax`` (fp32, same shape)."""
+    return _ceil_pow2(amax.clamp(min=FP8_AMAX_FLOOR) / FP8_MAX)
 
 
 # e2m1 rounding: a magnitude above boundary i moves to code i + 1; on a boundary it goes to the code with an
