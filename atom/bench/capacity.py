@@ -1,6 +1,7 @@
 """Capacity report: how many tokens of KV a byte budget holds, per SWA:compressed demand mix.
 
-    python -m atom.bench.capacity [--budget-gib 40] [--max-live-requests 64] [--layout]
+    python -m atom.bench.capacity [--budget-gib 40] [--max-live-requests 64] [--layout] [--device-gib 80]
+                                  [--memory-utilization 0.9]
 
 For each real DeepSeek-V4 geometry (Flash / Pro, fp8_ds_mla and bf16 rows) and each demand mix
 ``f`` = share of SWA blocks among the blocks a workload holds (0%, 10%, ... 100%), it prints the
@@ -29,6 +30,10 @@ pages (what is live), against the same arena with the reservation this engine ma
 
 Each geometry's header also gives the exact KV bytes of one 1M-token request
 (:mod:`atom.bench.kv_accounting`: what the model must keep, no paging).
+
+Then, per model, what one rank holds under tensor parallelism (:mod:`atom.bench.parallel_capacity`):
+its weights, its KV budget on a ``--device-gib`` device at ``--memory-utilization``, and the KV tokens
+its arena holds, which is the group's capacity (the latent KV is one head, replicated on every rank).
 
 The last line is ``capacity_vs_oracle_min=<x> vs_atom_style_min=<y> vs_fixed_split_min=<z>``: the
 minimum over every geometry and mix of the arena's capacity divided by each other design's.
@@ -232,11 +237,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-live-requests", type=int, default=64,
                     help="live requests whose compressor state counts as used in the mix table (default 64)")
     ap.add_argument("--layout", action="store_true", help="also print the byte offsets of each layout")
+    ap.add_argument("--device-gib", type=float, default=80.0,
+                    help="device memory of one rank for the per-rank table under tensor parallelism (default 80)")
+    ap.add_argument("--memory-utilization", type=float, default=0.9,
+                    help="share of the device memory a rank uses for weights and KV (default 0.9)")
     args = ap.parse_args(argv)
     if args.budget_gib <= 0:
         ap.error(f"--budget-gib must be > 0, got {args.budget_gib}")
     if args.max_live_requests < 1:
         ap.error(f"--max-live-requests must be >= 1, got {args.max_live_requests}")
+    if args.device_gib <= 0 or not 0 < args.memory_utilization <= 1:
+        ap.error(f"--device-gib must be > 0 and --memory-utilization in (0, 1], got {args.device_gib} and "
+                 f"{args.memory_utilization}")
     budget = int(args.budget_gib * 2**30)
     ratios = {"oracle": [], "atom": [], "fixed": []}
     for preset, fmt in GEOMETRIES:
@@ -249,6 +261,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             ratios["oracle"].append(arena / oracle)
             ratios["atom"].append(arena / atom)
             ratios["fixed"].append(arena / fixed)
+    from atom.bench import parallel_capacity
+
+    presets = tuple(dict.fromkeys(preset for preset, _ in GEOMETRIES))
+    print(parallel_capacity.report(presets, args.device_gib, args.memory_utilization, args.max_live_requests))
+    print()
     print(f"capacity_vs_oracle_min={min(ratios['oracle']):.4f} vs_atom_style_min={min(ratios['atom']):.4f} "
           f"vs_fixed_split_min={min(ratios['fixed']):.4f}")
     return 0

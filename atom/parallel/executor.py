@@ -156,6 +156,6 @@ def report(spec: RankSpec, held: list[ParameterBytes], runner: ModelRunner, out:
               f"+ replicated {h.replicated / _MIB:.2f} MiB", file=out)
     lay = runner.views.layout
     tokens = lay.max_compressed_pages * lay.spec.block_size
-    print(f"atom:   KV arena per rank: {lay.arena_bytes / _MIB:.1f} MiB in {lay.num_chunks} chunks, up to "
-          f"{tokens} tokens of compressed KV; the latent KV is one head, so every rank holds the full KV of "
-          f"every request and the group's capacity equals one rank's", file=out, flush=True)
+    print(f"atom:   KV arena per rank (--kv-cache-memory is per rank): {lay.arena_bytes / _MIB:.1f} MiB in "
+          f"{lay.num_chunks} chunks, up to {tokens} tokens of compressed KV; the latent KV is one head, so every "
+          f"rank holds the full KV of every request and the group's capacity equals one rank's", file=out, flush=True)

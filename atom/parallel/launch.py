@@ -32,16 +32,16 @@ def join_launched_ranks(config: EngineConfig) -> RankGroup | None:
 
 def serve_launched_rank(config: EngineConfig, group: RankGroup) -> None:
     """Rank > 0 under ``torchrun``: hold this rank's shard and run every step until rank 0 stops."""
-    from pathlib import Path
-
     from atom import envs
     from atom.builtin_model import ensure_builtin_model
+    from atom.model_executor.placement import resolve_model_dir
     from atom.parallel.executor import limit_cpu_threads
     from atom.parallel.worker import RankSpec, build_rank_runner, serve_steps
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 stops this rank in order
     limit_cpu_threads(group.size)
-    model_dir = Path(config.model) if config.model else ensure_builtin_model()
+    path = config.model.path
+    model_dir = resolve_model_dir(path) if path else ensure_builtin_model()  # as rank 0 (build_engine) does
     runner, held = build_rank_runner(RankSpec(config, str(model_dir), poison=envs.load().debug_nan_arena), group)
     group.gather(held)
     serve_steps(group, runner)
