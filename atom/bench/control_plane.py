@@ -7,9 +7,9 @@ First a per-operation table (admit, 8K prefill chunk, decode, free; median micro
 for the workloads of :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
 
 Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
-allocates no tensors), a fake runner. Each configuration first prefills its requests to the given
-context, then times ``schedule()`` + ``postprocess()`` over ``--steps`` decode steps (the runner's
-own time is excluded). Times are this process's CPU time (``time.process_time``), so the load other
+allocates no tensors), a fake runner, all driven by :class:`LLMEngine`. Each configuration first
+prefills its requests to the given context, then times ``LLMEngine.step`` (schedule, postprocess and
+the engine's per-request outputs) over ``--steps`` decode steps, less the fake runner's own time. Times are this process's CPU time (``time.process_time``), so the load other
 processes put on a shared machine does not inflate them.
 The last line is ``step_us_per_seq_256=<float> growth_4k_to_128k=<float>``:
 microseconds per step per sequence with 256 sequences at the largest context, and the ratio of the
@@ -30,13 +30,26 @@ from atom.config import CacheConfig, SchedulerConfig
 from atom.model_engine.block_manager import BlockManager
 from atom.testing.fake_runner import FakeRunner
 from atom.model_engine.kv_layout import KvLayout, chunk_shape
+from atom.model_engine.llm_engine import LLMEngine
+from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
 from atom.model_engine.scheduler import Scheduler
-from atom.model_engine.sequence import Sequence
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams
 
 
-def build(num_seqs: int, context: int, steps: int) -> tuple[Scheduler, FakeRunner]:
+class TimedRunner(FakeRunner):
+    """The fake runner, adding the CPU time of its own calls to ``seconds``."""
+
+    seconds = 0.0
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        t0 = time.process_time()
+        out = super().execute(batch)
+        self.seconds += time.process_time() - t0
+        return out
+
+
+def build(num_seqs: int, context: int, steps: int) -> tuple[LLMEngine, TimedRunner]:
     spec = DeepseekV4Config.from_preset("deepseek_v4_flash").kv_spec()
     max_new = num_seqs + steps + 8  # requests decode while the later ones are still being prefilled
     max_len = context + max_new
@@ -47,28 +60,26 @@ def build(num_seqs: int, context: int, steps: int) -> tuple[Scheduler, FakeRunne
     # + one chunk per request: an upper bound for the compressor-state pages
     chunks = -(-comp_pages // shape.compress_pages_per_chunk) + -(-swa_pages // shape.chunk_pages) + num_seqs + 2
     layout = KvLayout.for_chunks(spec, chunks, limits)
-    sched = Scheduler(limits, BlockManager(layout, CacheConfig()), eos_token_id=None)
+    runner = TimedRunner(vocab_size=256)
+    engine = LLMEngine(Scheduler(limits, BlockManager(layout, CacheConfig()), eos_token_id=None), runner)
     for i in range(num_seqs):
         tokens = [(i * 7919 + j * 31) % 256 for j in range(context)]  # small ints: no per-token objects
-        sched.add(Sequence(tokens, SamplingParams(max_tokens=max_new, ignore_eos=True), spec.block_size))
-    return sched, FakeRunner(vocab_size=256)
+        engine.add_request(tokens, SamplingParams(max_tokens=max_new, ignore_eos=True))
+    return engine, runner
 
 
 def time_decode(num_seqs: int, context: int, steps: int) -> float:
-    """Mean microseconds of schedule + postprocess per decode step."""
-    sched, runner = build(num_seqs, context, steps)
+    """Mean microseconds of an engine step (schedule + postprocess + outputs) per decode step."""
+    engine, runner = build(num_seqs, context, steps)
+    sched = engine.scheduler
     while any(s.in_prefill for s in sched.running) or sched.waiting:
-        batch = sched.schedule()
-        sched.postprocess(batch, runner.execute(batch))
+        engine.step()
     total = 0.0
     for _ in range(steps):
+        runner.seconds = 0.0
         t0 = time.process_time()
-        batch = sched.schedule()
-        t1 = time.process_time()
-        out = runner.execute(batch)
-        t2 = time.process_time()
-        sched.postprocess(batch, out)
-        total += (t1 - t0) + (time.process_time() - t2)
+        batch = engine.step_detailed().batch
+        total += time.process_time() - t0 - runner.seconds
         assert len(batch.seqs) == num_seqs and batch.num_tokens == num_seqs
     return total / steps * 1e6
 

@@ -108,13 +108,11 @@ def engine_step(model: DeepseekV4Model, prompts: list[list[int]], repeats: int,
     for p in prompts:
         engine.add_request(p, GREEDY)
     sched, runner = engine.scheduler, engine.runner
-    while True:
-        batch = sched.schedule()
-        if not decode or (len(batch.seqs) == len(prompts) and all(s.num_tokens == 1 for s in batch.seqs)):
-            break
-        if not batch.seqs:
-            raise RuntimeError("the requests finished before all of them were decoding together")
-        sched.postprocess(batch, runner.execute(batch))
+    while decode and (sched.waiting or any(s.in_prefill for s in sched.running)):
+        engine.step()  # prefill every request, so that the next batch decodes all of them
+    batch = sched.schedule()  # the step measured: run below by the runner alone, repeatedly
+    if decode and not (len(batch.seqs) == len(prompts) and all(s.num_tokens == 1 for s in batch.seqs)):
+        raise RuntimeError("the requests finished before all of them were decoding together")
     inner = runner._forward
     seen: list[OpCounter] = []
 

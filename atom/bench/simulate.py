@@ -3,11 +3,11 @@
     python -m atom.bench.simulate [--quick] [--geometries flash pro] [--workloads chat long agentic sysprompt mix]
                                   [--budget-gib 40] [--shares 0.05 0.1 0.2 0.3 0.5] [--plot PATH]
 
-Every policy runs the real :class:`Scheduler` + :class:`BlockManager` + :class:`FakeRunner` on the same
-seeded trace (:mod:`atom.bench.sim_workloads`); only the arena under the block manager (and the
-retention flags, through :class:`CacheConfig` fields) differ. One step = one ``schedule()``, one fake
-runner call (one token per decoding request, prefill chunked by the token budget) and one
-``postprocess()``. Modelled time advances by the cost model per step:
+Every policy runs the real :class:`LLMEngine` (its :class:`Scheduler` + :class:`BlockManager`) with a
+:class:`FakeRunner` on the same seeded trace (:mod:`atom.bench.sim_workloads`); only the arena under
+the block manager (and the retention flags, through :class:`CacheConfig` fields) differ. One step =
+one :meth:`LLMEngine.step_detailed` (one token per decoding request, prefill chunked by the token
+budget); a step that schedules nothing is not counted. Modelled time advances by the cost model per step:
 
     step_seconds = step_s + token_s * tokens_processed      (defaults 5 ms + 40 us per token)
 
@@ -43,8 +43,9 @@ from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, fir
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.testing.fake_runner import FakeRunner
 from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
+from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
-from atom.model_engine.sequence import Sequence, SequenceStatus
+from atom.model_engine.sequence import Sequence
 from atom.model_engine.unified_kv_arena import COMPRESS, STATE, SWA
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams
@@ -139,19 +140,19 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
     """
     layout = layout or base_layout(cfg)
     bm = build_block_manager(policy, layout, cfg)
-    sched = Scheduler(cfg.limits, bm, None)
-    runner = FakeRunner(vocab_size=VOCAB)
+    engine = LLMEngine(Scheduler(cfg.limits, bm, None), FakeRunner(vocab_size=VOCAB))
+    sched = engine.scheduler
     budget, cost = layout.kv_cache_bytes, exact_page_bytes(layout)
     by_sid = {s.sid: s for s in sessions}
     pending: list[tuple[float, int, int]] = [(s.arrival, request_id(s.sid, 0), s.sid) for s in sessions]
     heapq.heapify(pending)
-    live: dict[int, tuple[Sequence, int, int]] = {}  # rid -> (seq, sid, turn)
+    live: dict[int, tuple[Sequence, int, int]] = {}  # rid (= seq_id, the engine's request id as text) -> (seq, sid, turn)
     seen: set[int] = set()
     res = RunResult(policy.name)
     t, run_area, util_area, util_pressure_area = 0.0, 0.0, 0.0, 0.0
     raw_series: list[tuple[float, int, int]] = []
     wall0 = time.perf_counter()
-    while pending or sched.has_unfinished():
+    while pending or engine.has_unfinished_requests():
         while pending and pending[0][0] <= t:
             _, rid, sid = heapq.heappop(pending)
             turn_idx = rid - request_id(sid, 0)
@@ -166,22 +167,26 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
                 continue
             seq = Sequence(tokens, SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True),
                            layout.spec.block_size, seq_id=rid, arrival=t)
-            sched.add(seq)
+            engine.add_sequence(seq, str(rid))
             live[rid] = (seq, sid, turn_idx)
-        if not sched.has_unfinished():
+        if not engine.has_unfinished_requests():
             t = pending[0][0] if pending else t
             continue
         w0 = time.perf_counter()
         pressure0 = bm.comp.num_evictions + bm.swa.pool.num_evictions + sched.num_preemptions
-        batch = sched.schedule()
+        step = engine.step_detailed()
+        wall_step = time.perf_counter() - w0
+        for out in step.outputs:
+            if out.finished and out.finish_reason == "abort":  # the scheduler gave up on it: its session ends
+                res.aborted += 1
+                live.pop(int(out.request_id))
+        batch = step.batch
         if not batch.seqs:
             if sched.running or not pending:
                 raise RuntimeError(f"{policy.name}: a step scheduled nothing with {len(sched.running)} "
                                    f"running and {len(sched.waiting)} waiting")
             t = max(t, pending[0][0])
             continue
-        results = sched.postprocess(batch, runner.execute(batch))
-        wall_step = time.perf_counter() - w0
         dt = cfg.cost.step(batch.num_tokens)
         running = len(batch.seqs)
         for new in batch.new_tables:
@@ -209,11 +214,12 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
             res.speed_wall_s += wall_step
         raw_series.append((t, used_swa, used_comp))
         if cfg.check_every and res.steps % cfg.check_every == 0:
-            sched.check_integrity()
-        for r in results:
-            if not r.finished:
+            engine.check_integrity()
+        for out in step.outputs:
+            if not out.finished or out.finish_reason == "abort":
                 continue
-            seq, sid, turn_idx = live[r.seq.seq_id]
+            rid = int(out.request_id)
+            seq, sid, turn_idx = live[rid]
             res.finished += 1
             res.served_tokens += len(seq.token_ids)
             res.modelled_s = t
@@ -222,10 +228,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
                 nxt = request_id(sid, turn_idx + 1)
                 heapq.heappush(pending, (t + sess.turns[turn_idx + 1].think_s, nxt, sid))
             else:
-                live.pop(r.seq.seq_id)
-        for rid in [rid for rid, (s, _, _) in live.items() if s.status is SequenceStatus.FINISHED_ABORTED]:
-            res.aborted += 1
-            live.pop(rid)
+                live.pop(rid)
     res.wall_s = time.perf_counter() - wall0
     total_t = max(t, 1e-12)
     res.mean_running = run_area / total_t

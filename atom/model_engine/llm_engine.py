@@ -4,15 +4,21 @@ The engine itself is pure Python: it owns the :class:`Scheduler` (and through it
 and arena bookkeeping), turns text into token ids and back (incrementally, with stop strings held
 back until they are decided: :mod:`request_text`), and calls a runner
 with one frozen batch per step. Any object with ``execute(ScheduledBatch) -> RunnerOutput`` is a
-runner: the torch :class:`atom.model_executor.model_runner.ModelRunner` in production, the fake
-runner in control-plane tests. :func:`atom.engine_builder.build_engine` builds the
-real one (importing torch). Not thread-safe: one thread drives it (the server runs it in a background loop).
+runner: the torch :class:`atom.model_executor.model_runner.ModelRunner` in production,
+:class:`atom.testing.fake_runner.FakeRunner` in control-plane tests, benchmarks and the simulator.
+:func:`atom.engine_builder.build_engine` builds the real one (importing torch).
+
+:meth:`LLMEngine.step` is the one step loop (schedule -> execute -> postprocess) of the code base;
+callers that need to see inside a step (the batch the scheduler froze, the runner's output and, from
+a runner that keeps them, every row's logits) call :meth:`LLMEngine.step_detailed`, which is the
+same step. Not thread-safe: one thread drives it (the server runs it in a background loop).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence as Seq
 
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
@@ -25,7 +31,7 @@ from atom.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from atom.tokenizer import Tokenizer
 
-__all__ = ["LLMEngine", "Runner", "LLM"]
+__all__ = ["LLMEngine", "EngineStep", "Runner", "LLM"]
 
 _FINISH = {SequenceStatus.FINISHED_STOPPED: "stop", SequenceStatus.FINISHED_LENGTH: "length",
            SequenceStatus.FINISHED_ABORTED: "abort"}
@@ -33,6 +39,16 @@ _FINISH = {SequenceStatus.FINISHED_STOPPED: "stop", SequenceStatus.FINISHED_LENG
 
 class Runner(Protocol):
     def execute(self, batch: ScheduledBatch) -> RunnerOutput: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStep:
+    """One step seen whole: the frozen batch, what the runner returned for it (``output.logits`` is
+    filled only by a runner that keeps logits), and the outputs :meth:`LLMEngine.step` streams."""
+
+    batch: ScheduledBatch
+    output: RunnerOutput
+    outputs: list[RequestOutput]
 
 
 class _Request:
@@ -68,17 +84,33 @@ class LLMEngine:
             ids = [int(t) for t in prompt]
         if not ids:
             raise ValueError("the prompt is empty")
-        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self._requests:
-            raise ValueError(f"request id {rid!r} is already in use")
-        seq = Sequence(ids, params, self.scheduler.block_size)
+        rid = self._check_free(request_id)  # before the Sequence: a refused id leaves nothing behind
+        return self.add_sequence(Sequence(ids, params, self.scheduler.block_size), rid)
+
+    def add_sequence(self, seq: Sequence, request_id: str | None = None) -> str:
+        """Queue a request already made into a :class:`Sequence` (for callers that choose its id or
+        arrival time, like the simulator); ``ValueError`` as :meth:`add_request`."""
+        rid = self._check_free(request_id)
         self.scheduler.add(seq)
+        params = seq.params
         text = None if self.tokenizer is None else RequestText(
             functools.partial(self.tokenizer.decode, skip_special_tokens=params.skip_special_tokens), params.stop)
         req = _Request(rid, seq, text)
         self._requests[rid] = req
         self._by_seq[seq.seq_id] = req
         return rid
+
+    def _check_free(self, request_id: str | None) -> str:
+        """``request_id``, or a fresh id when it is None; ``ValueError`` if it is in use."""
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        return rid
+
+    def sequence(self, request_id: str) -> Sequence:
+        """The scheduler's :class:`Sequence` of an unfinished request (tests and benchmarks read its
+        progress, tokens and prefix statistics from it); ``KeyError`` if unknown or finished."""
+        return self._requests[request_id].seq
 
     def abort_request(self, request_id: str) -> bool:
         req = self._requests.pop(request_id, None)
@@ -93,6 +125,10 @@ class LLMEngine:
     # ---- stepping -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run and postprocess one step; outputs of the requests that progressed."""
+        return self.step_detailed().outputs
+
+    def step_detailed(self) -> EngineStep:
+        """:meth:`step`, also returning the batch and the runner's output."""
         batch = self.scheduler.schedule()
         finished_early = [r for r in list(self._requests.values()) if r.seq.status.finished]
         out = self.runner.execute(batch)  # even with no sequence: releases and table deltas must land
@@ -104,7 +140,7 @@ class LLMEngine:
                 continue
             self._generation_tokens += len(res.new_tokens)
             outputs.append(self._output(req, res.new_tokens, out.logprobs.get(res.seq.seq_id)))
-        return outputs
+        return EngineStep(batch, out, outputs)
 
     def _output(self, req: _Request, new_tokens: list[int], logprobs: TokenLogprobs | None) -> RequestOutput:
         """``new_tokens``: this step's tokens (several when drafts were accepted; such requests have no

@@ -10,7 +10,7 @@ to page 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from atom.model_engine.request_output import TokenLogprobs
 from atom.sampling_params import SamplingParams
@@ -95,9 +95,14 @@ class RunnerOutput:
     Speculative decoding: ``accepted[seq_id]`` drafts of a request's step were accepted (its first
     ``accepted`` drafts come before ``sampled``, which is the correction or bonus token);
     ``drafts[seq_id]``: tokens the runner's draft model proposes after ``sampled`` (the MTP draft).
+
+    ``logits``: per scheduled request, the logits of every row it ran this step (a ``[num_tokens,
+    vocab]`` tensor), only from a runner built with ``keep_logits`` (tests that compare the engine
+    with the reference model step by step); empty otherwise, so serving never keeps them.
     """
 
     sampled: Mapping[int, int]
     logprobs: Mapping[int, TokenLogprobs] = field(default_factory=dict)
     accepted: Mapping[int, int] = field(default_factory=dict)
     drafts: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    logits: Mapping[int, Any] = field(default_factory=dict)

@@ -1,15 +1,18 @@
-"""ModelRunner: executes one ScheduledBatch on the model and the KV arena, and samples.
+"""ModelRunner: executes one ScheduledBatch of a DeepSeek-V4 model on the KV arena, and samples.
 
 It only sequences work: apply the batch's table deltas (:mod:`step_inputs`), build the step tensors,
-run the DeepSeek-V4 blocks with :class:`PagedDeepseekV4Attention` in place of the reference cache
+run the model's blocks with :class:`PagedDeepseekV4Attention` in place of the reference cache
 (kernel value checks off, no device value read back inside the forward), the head on the rows that
-sample only, sample (:mod:`sampler`, one read-back per step), and return a :class:`RunnerOutput`. It knows nothing model-family specific
-beyond what the model declares (its KV spec) and holds no scheduler state.
+sample only, sample (:mod:`sampler`, one read-back per step), and return a :class:`RunnerOutput`.
+It is the DeepSeek-V4 runner: it drives :class:`DeepseekV4Model`'s blocks (``attn_input``, the paged
+attention, ``attn_output_and_ffn``) and takes the arena geometry from the model's KV spec; it holds no
+scheduler state.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 
@@ -29,9 +32,9 @@ __all__ = ["ModelRunner"]
 class ModelRunner:
     """Runs steps of ``model`` over an arena sized by ``layout``.
 
-    ``keep_logits``: keep every step's logits (``last_logits``: seq_id -> ``[T, vocab]``), for tests
-    that compare the engine with the reference model step by step; otherwise the head runs only on
-    the rows that sample. ``value_checks``: run the kernels' value checks (each a device sync) inside
+    ``keep_logits``: return the logits of every row in :attr:`RunnerOutput.logits` (seq_id ->
+    ``[T, vocab]``), for tests that compare the engine with the reference model step by step;
+    otherwise the head runs only on the rows that sample. ``value_checks``: run the kernels' value checks (each a device sync) inside
     the step; off in serving (the inputs come from the scheduler), on in tests.
     """
 
@@ -48,7 +51,6 @@ class ModelRunner:
         self.attn = [PagedDeepseekV4Attention(block.attn, self.views, self.kernels) for block in model.layers]
         self.sampler = Sampler(seed, eos_token_id, device=self.device)
         self.keep_logits, self.value_checks = keep_logits, value_checks
-        self.last_logits: dict[int, torch.Tensor] = {}
 
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
@@ -60,11 +62,11 @@ class ModelRunner:
         checks = contextlib.nullcontext if self.value_checks else value_checks_off
         with checks():
             logits = self._forward(step)
-        self.last_logits = {}
+        kept: dict[int, torch.Tensor] = {}
         if self.keep_logits:
             lo = 0
             for item in batch.seqs:
-                self.last_logits[item.seq_id] = logits[lo:lo + item.num_tokens].clone()
+                kept[item.seq_id] = logits[lo:lo + item.num_tokens].clone()
                 lo += item.num_tokens
             logits = logits[step.sample_rows]
         for item in batch.seqs:
@@ -74,7 +76,7 @@ class ModelRunner:
         if step.committed is not None:
             with checks():
                 self._commit(batch, step, out.accepted)
-        return out
+        return dataclasses.replace(out, logits=kept) if kept else out
 
     def _sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> RunnerOutput:
         """Rows of ``logits``: one per sampling request, ``1 + num_draft`` for a request with drafts.

@@ -80,10 +80,6 @@ class DistributedRunner:
         atexit.register(self.close)
 
     @property
-    def last_logits(self) -> dict[int, torch.Tensor]:
-        return self.local.last_logits
-
-    @property
     def views(self):
         """Rank 0's arena views (every rank binds the same layout)."""
         return self.local.views

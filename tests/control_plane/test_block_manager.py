@@ -112,8 +112,9 @@ def test_capture_destinations_are_the_blocks_own_backed_pages_and_restores_only_
     h.add(prompt, max_tokens=6)
     h.add(prompt, max_tokens=6)
     captures = restores = 0
-    while h.sched.has_unfinished():
-        batch = h.sched.schedule()
+
+    def check_captures_and_restores(batch):  # the runner ran the step; the scheduler has not advanced yet
+        nonlocal captures, restores
         for item in batch.seqs:
             seq = h.sched.by_id[item.seq_id]
             for j, page in item.capture_pages:
@@ -122,6 +123,7 @@ def test_capture_destinations_are_the_blocks_own_backed_pages_and_restores_only_
             if item.restore_page >= 0:
                 restores += 1
                 assert item.state_reset and seq.num_cached_tokens > 0
-        h.sched.postprocess(batch, h.runner.execute(batch))
-        h.sched.check_integrity()
+
+    h.observe(check_captures_and_restores)
+    h.run()
     assert captures >= 4 and restores == 1

@@ -90,10 +90,8 @@ def test_a_preempted_request_reports_only_its_first_admissions_cached_tokens(har
 
 
 def test_the_engine_reports_first_admission_cached_tokens_after_preemption(harness):
-    from atom.model_engine.llm_engine import LLMEngine
-
     h = harness(num_chunks=10, budget=64, max_seqs=4, max_model_len=160)
-    engine = LLMEngine(h.sched, h.runner)
+    engine = h.engine
     ids = [engine.add_request(unique(40, 30 + i), SamplingParams(max_tokens=60)) for i in range(4)]
     final = {}
     while engine.has_unfinished_requests():
@@ -105,10 +103,8 @@ def test_the_engine_reports_first_admission_cached_tokens_after_preemption(harne
 
 
 def test_an_abort_that_leaves_the_engine_idle_still_reaches_the_runner(harness):
-    from atom.model_engine.llm_engine import LLMEngine
-
     h = harness()
-    engine = LLMEngine(h.sched, h.runner)
+    engine = h.engine
     rid = engine.add_request(unique(30, 40), SamplingParams(max_tokens=5))
     engine.step()
     assert list(h.runner.tables) == [h.sched.running[0].seq_id]

@@ -10,12 +10,12 @@ def test_a_step_mixes_a_decode_with_a_chunked_prefill_within_the_budget(harness)
     a = h.add(range(10), max_tokens=5)
     h.step()  # a: whole prompt (10 tokens) and its first token
     b = h.add(range(100, 140), max_tokens=2)
-    batch, _ = h.step()
+    batch = h.step().batch
     assert [(s.seq_id, s.num_tokens) for s in batch.seqs] == [(a.seq_id, 1), (b.seq_id, 19)]
     assert batch.num_tokens == 20 and not batch.seqs[1].sample
-    batch, _ = h.step()
+    batch = h.step().batch
     assert [s.num_tokens for s in batch.seqs] == [1, 19]
-    batch, _ = h.step()
+    batch = h.step().batch
     assert [s.num_tokens for s in batch.seqs] == [1, 2] and batch.seqs[1].sample
 
 
@@ -24,7 +24,7 @@ def test_no_step_exceeds_the_token_budget_or_the_sequence_limit(harness):
     for i in range(7):
         h.add(range(i, i + 30), max_tokens=6)
     while h.sched.has_unfinished():
-        batch, _ = h.step()
+        batch = h.step().batch
         assert batch.num_tokens <= 24 and len(h.sched.running) <= 3
 
 
@@ -80,19 +80,22 @@ def test_a_request_longer_than_the_model_length_is_refused_with_the_numbers(harn
 def test_runner_tables_follow_the_scheduler_by_deltas_whose_size_does_not_grow_with_context(harness):
     h = harness(budget=512, max_model_len=2048)
     seq = h.add(range(500), max_tokens=300)
-    sizes = []
-    while h.sched.has_unfinished():
-        batch = h.sched.schedule()
-        out = h.runner.execute(batch)
+    sizes, checked = [], []
+
+    def runner_table_is_the_schedulers(batch):
         if seq.status is SequenceStatus.RUNNING:
             table = h.runner.tables[seq.seq_id]
             assert table["compress"] == seq.comp_pages
             assert table["swa"][:len(seq.swa_pages)] == seq.swa_pages
             assert all(p == -1 for p in table["swa"][len(seq.swa_pages):])
+            checked.append(batch.step)
+
+    h.observe(runner_table_is_the_schedulers)
+    while h.sched.has_unfinished():
+        batch = h.step().batch
         if batch.step > 1:
             sizes.append(len(batch.table_updates))
-        h.sched.postprocess(batch, out)
-        h.sched.check_integrity()
+    assert len(checked) == len(sizes) + 1  # every step, the last one before the request finished
     # the step after the 500-token prefill ships its window releases (one per block, O(chunk));
     # every decode step after that changes at most a new compressed + SWA block and one release
     assert sizes[0] == 500 // 16 - 1

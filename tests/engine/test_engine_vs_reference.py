@@ -34,11 +34,8 @@ def run_recording_logits(engine):
     """Step to completion; check integrity each step; collect (seq_id, start, logits) per step."""
     steps = []
     while engine.has_unfinished_requests():
-        batch = engine.scheduler.schedule()
-        out = engine.runner.execute(batch)
-        for item in batch.seqs:
-            steps.append((item.seq_id, item.start_pos, engine.runner.last_logits[item.seq_id]))
-        engine.scheduler.postprocess(batch, out)
+        step = engine.step_detailed()
+        steps += [(item.seq_id, item.start_pos, step.output.logits[item.seq_id]) for item in step.batch.seqs]
         engine.check_integrity()
     return steps
 
@@ -51,8 +48,7 @@ def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, r
     params = SamplingParams(max_tokens=n_out, temperature=0.0, ignore_eos=True)
     seqs = []
     for p in prompts():
-        engine.add_request(p, params)
-        seqs.append(engine.scheduler.waiting[-1])
+        seqs.append(engine.sequence(engine.add_request(p, params)))
     steps = run_recording_logits(engine)
     assert (engine.scheduler.num_preemptions > 0) == (num_chunks == 5)  # the tight arena must preempt
     for seq, p in zip(seqs, prompts()):
@@ -66,8 +62,7 @@ def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, r
 def test_the_triton_kernels_give_the_same_greedy_tokens(make_engine, reference):
     engine = make_engine(backend="triton", budget=24)
     prompt = prompts()[4]
-    engine.add_request(prompt, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
-    seq = engine.scheduler.waiting[-1]
+    seq = engine.sequence(engine.add_request(prompt, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)))
     run_recording_logits(engine)
     assert seq.output_token_ids == reference_greedy(reference, prompt, 3)
 
@@ -88,11 +83,12 @@ def test_a_youngest_request_preempting_itself_while_older_ones_run_does_not_stal
     # preempts itself while older ones still run must not put the scheduler in its restart-alone mode
     from atom.config import CacheConfig, SchedulerConfig
     from atom.model_engine.block_manager import BlockManager
+    from atom.model_engine.kv_layout import KvLayout
+    from atom.model_engine.llm_engine import LLMEngine
+    from atom.model_engine.scheduler import Scheduler
+    from atom.model_engine.sequence import SequenceStatus
     from atom.testing.fake_runner import FakeRunner
     from atom.testing.kv_content_model import KvContentModel
-    from atom.model_engine.kv_layout import KvLayout
-    from atom.model_engine.scheduler import Scheduler
-    from atom.model_engine.sequence import Sequence, SequenceStatus
 
     spec = reference.cfg.kv_spec("fp32", include_mtp=False)
     limits = SchedulerConfig(max_num_batched_tokens=37, max_num_seqs=8, max_model_len=512)
@@ -100,14 +96,11 @@ def test_a_youngest_request_preempting_itself_while_older_ones_run_does_not_stal
     sched = Scheduler(limits, BlockManager(layout, CacheConfig(kv_cache_bytes=layout.kv_cache_bytes)), None)
     content = KvContentModel(spec.block_size, spec.sliding_window, bool(spec.csa_layers),
                              lambda sid: sched.by_id[sid].token_ids)
-    runner = FakeRunner(vocab_size=997, content=content)
-    seqs = [Sequence(p, SamplingParams(max_tokens=40, ignore_eos=True), spec.block_size) for p in prompts()]
-    for seq in seqs:
-        sched.add(seq)
+    engine = LLMEngine(sched, FakeRunner(vocab_size=997, content=content))
+    seqs = [engine.sequence(engine.add_request(p, SamplingParams(max_tokens=40, ignore_eos=True))) for p in prompts()]
     for _ in range(2000):
-        if not sched.has_unfinished():
+        if not engine.has_unfinished_requests():
             break
-        batch = sched.schedule()
-        sched.postprocess(batch, runner.execute(batch))
-        sched.check_integrity()
+        engine.step()
+        engine.check_integrity()
     assert all(s.status is SequenceStatus.FINISHED_LENGTH for s in seqs) and sched.num_preemptions > 0

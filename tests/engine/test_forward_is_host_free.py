@@ -27,9 +27,8 @@ def decode_step_ops(model, batch_size):
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     for i in range(batch_size):
         engine.add_request(prompt(31 + i % 3, i), params)  # some requests complete CSA/HCA entries this step
-    sched, runner = engine.scheduler, engine.runner
-    sched.postprocess(prefill := sched.schedule(), runner.execute(prefill))
-    batch = sched.schedule()
+    engine.step()  # the prefill of every request
+    runner, batch = engine.runner, engine.scheduler.schedule()  # the decode step, run below by the runner alone
     assert len(batch.seqs) == batch_size and all(s.num_tokens == 1 for s in batch.seqs)
     inner, counters = runner._forward, []
 

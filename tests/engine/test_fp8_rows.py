@@ -5,7 +5,7 @@ chunked prefill and preemption, and prefix hits stay bit-identical on a NaN-pois
 import pytest
 import torch
 from engine.test_engine_vs_reference import prompts, reference_greedy, reference_logits, run_recording_logits
-from engine.test_prefix_hits import PROMPT, after, assert_bit_identical, run
+from engine.test_prefix_hits import PROMPT, after, assert_bit_identical, run, run_steps
 
 from atom.model_engine.unified_kv_arena import COMPRESS
 from atom.models.deepseek_v4.quant import _ceil_pow2
@@ -27,8 +27,7 @@ def run_suite(engine, n_out):
     params = SamplingParams(max_tokens=n_out, temperature=0.0, ignore_eos=True)
     seqs = []
     for p in prompts():
-        engine.add_request(p, params)
-        seqs.append(engine.scheduler.waiting[-1])
+        seqs.append(engine.sequence(engine.add_request(p, params)))
     return seqs, run_recording_logits(engine)
 
 
@@ -171,20 +170,10 @@ def test_an_fp8_hit_served_from_a_chunk_the_compress_owner_held_before_is_still_
     assert compress_chunks
     bm.reset_prefix_cache()  # those chunks return to the arena, still holding fp8 compressed rows
     run(engine, PROMPT[:boundary], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
-    engine.add_request(PROMPT, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
-    hit_seq = engine.scheduler.waiting[-1]
-    batch = engine.scheduler.schedule()
-    restore = batch.seqs[0].restore_page
+    hit_seq, steps = run_steps(engine, PROMPT)
+    restore = steps[0][0].restore_page
     assert restore >= 0 and restore // bm.arena.pages_per_chunk("swa") in compress_chunks
-    hit = []
-    while True:
-        out = engine.runner.execute(batch)
-        hit.append((batch.seqs[0].start_pos, engine.runner.last_logits[hit_seq.seq_id]))
-        engine.scheduler.postprocess(batch, out)
-        engine.check_integrity()
-        if not engine.has_unfinished_requests():
-            break
-        batch = engine.scheduler.schedule()
+    hit = [(item.start_pos, logits) for item, logits in steps]
     assert hit_seq.num_cached_tokens == boundary
     assert hit_seq.output_token_ids == cold_seq.output_token_ids
     assert_bit_identical(after(cold, boundary), hit)

@@ -48,8 +48,7 @@ def test_bf16_rows_bind_bf16_views_and_follow_the_reference_closely(make_engine,
     assert views.swa[0].dtype == views.comp[1].dtype == views.index[1].dtype == torch.bfloat16
     assert views.main_codec is None and views.csa[1].main_kv.dtype == torch.float32
     prompt = prompts()[3]
-    engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-    seq = engine.scheduler.waiting[-1]
+    seq = engine.sequence(engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)))
     steps = run_recording_logits(engine)
     want = reference_logits(reference, seq.token_ids[:-1])
     got = torch.cat([lg for _, _, lg in steps])

@@ -12,19 +12,21 @@ GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 PROMPT = [(53 * i + 7) % 500 + 1 for i in range(70)]
 
 
-def run(engine, tokens, params=GREEDY):
-    """Run one request alone; return (sequence, [(start, logits)] of every step)."""
-    engine.add_request(tokens, params)
-    seq = engine.scheduler.waiting[-1]
+def run_steps(engine, tokens, params=GREEDY):
+    """Run one request alone; return (sequence, [(its ScheduledSeq, its logits)] of every step)."""
+    seq = engine.sequence(engine.add_request(tokens, params))
     steps = []
     while engine.has_unfinished_requests():
-        batch = engine.scheduler.schedule()
-        out = engine.runner.execute(batch)
-        for item in batch.seqs:
-            steps.append((item.start_pos, engine.runner.last_logits[item.seq_id]))
-        engine.scheduler.postprocess(batch, out)
+        step = engine.step_detailed()
+        steps += [(item, step.output.logits[item.seq_id]) for item in step.batch.seqs]
         engine.check_integrity()
     return seq, steps
+
+
+def run(engine, tokens, params=GREEDY):
+    """Run one request alone; return (sequence, [(start, logits)] of every step)."""
+    seq, steps = run_steps(engine, tokens, params)
+    return seq, [(item.start_pos, logits) for item, logits in steps]
 
 
 def after(steps, pos):
@@ -60,21 +62,10 @@ def test_a_hit_served_from_a_chunk_the_compress_owner_held_before_is_still_exact
     assert compress_chunks
     bm.reset_prefix_cache()  # those chunks return to the arena, still holding compressed rows
     run(engine, PROMPT[:boundary], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
-    hit_seq = None
-    engine.add_request(PROMPT, GREEDY)
-    hit_seq = engine.scheduler.waiting[-1]
-    batch = engine.scheduler.schedule()
-    restore = batch.seqs[0].restore_page
+    hit_seq, steps = run_steps(engine, PROMPT)
+    restore = steps[0][0].restore_page
+    hit = [(item.start_pos, logits) for item, logits in steps]
     assert restore >= 0 and restore // bm.arena.pages_per_chunk("swa") in compress_chunks
-    out = engine.runner.execute(batch)
-    hit = [(batch.seqs[0].start_pos, engine.runner.last_logits[hit_seq.seq_id])]
-    engine.scheduler.postprocess(batch, out)
-    while engine.has_unfinished_requests():
-        batch = engine.scheduler.schedule()
-        out = engine.runner.execute(batch)
-        hit.append((batch.seqs[0].start_pos, engine.runner.last_logits[hit_seq.seq_id]))
-        engine.scheduler.postprocess(batch, out)
-        engine.check_integrity()
     assert hit_seq.num_cached_tokens == boundary
     assert_bit_identical(after(cold, boundary), hit)
 

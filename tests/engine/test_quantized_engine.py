@@ -35,8 +35,8 @@ def generate(release_dir, backend=None, n=5, **config):
     engine = build_engine(cfg, kernel_backend=backend)
     seqs = []
     for p in PROMPTS:
-        engine.add_request(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-        seqs.append(engine.scheduler.waiting[-1])
+        seqs.append(engine.sequence(engine.add_request(p, SamplingParams(max_tokens=n, temperature=0.0,
+                                                                         ignore_eos=True))))
     while engine.has_unfinished_requests():
         engine.step()
     return engine, [s.output_token_ids for s in seqs]

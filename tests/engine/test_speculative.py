@@ -126,16 +126,13 @@ def test_logits_of_accepted_positions_match_the_reference_model(make_engine, ref
     engine = make_engine(speculative=3, drafter=drafts)
     seqs = []
     for p in prompts()[:5]:
-        engine.add_request(p, greedy())
-        seqs.append(engine.scheduler.waiting[-1])
+        seqs.append(engine.sequence(engine.add_request(p, greedy())))
     steps = []
     while engine.has_unfinished_requests():
-        batch = engine.scheduler.schedule()
-        out = engine.runner.execute(batch)
-        for item in batch.seqs:
-            kept = item.num_committed + out.accepted.get(item.seq_id, 0)
-            steps.append((item.seq_id, item.start_pos, engine.runner.last_logits[item.seq_id][:kept]))
-        engine.scheduler.postprocess(batch, out)
+        step = engine.step_detailed()
+        for item in step.batch.seqs:
+            kept = item.num_committed + step.output.accepted.get(item.seq_id, 0)
+            steps.append((item.seq_id, item.start_pos, step.output.logits[item.seq_id][:kept]))
         engine.check_integrity()
     assert sum(1 for s in engine.scheduler.spec.accepted_at if s) == 3
     full = {s.seq_id: reference_logits(reference, s.token_ids[:-1]) for s in seqs}

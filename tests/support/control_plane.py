@@ -1,28 +1,56 @@
-"""A tiny real control plane (arena, block manager, scheduler) driven by a content-checking fake runner."""
+"""A tiny real control plane (arena, block manager, scheduler) driven by :class:`LLMEngine` with a
+content-checking fake runner."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.model_engine.block_manager import BlockManager
-from atom.testing.fake_runner import FakeRunner
-from atom.testing.kv_content_model import KvContentModel
 from atom.model_engine.kv_layout import KvLayout
+from atom.model_engine.llm_engine import EngineStep, LLMEngine
+from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
 from atom.sampling_params import SamplingParams
+from atom.testing.fake_runner import FakeRunner
+from atom.testing.kv_content_model import KvContentModel
 
 TINY = dict(compress_ratios=(0, 4, 16, 4, 16, 4, 0), sliding_window=8, head_dim=32, rope_head_dim=8,
             index_head_dim=16, row_format="fp32", num_mtp_layers=1)
 
 
+class ObservedRunner(FakeRunner):
+    """The fake runner, with ``observers`` called as ``fn(batch)`` right after it ran a step, before the
+    scheduler postprocesses it: the moment its tables and the scheduler's must agree."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.observers: list[Callable[[ScheduledBatch], None]] = []
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        out = super().execute(batch)
+        for fn in self.observers:
+            fn(batch)
+        return out
+
+
 @dataclass
 class Harness:
-    """A scheduler over a tiny arena with a content-checking fake runner."""
+    """An engine over a scheduler over a tiny arena, with a content-checking fake runner whose tables
+    are compared with the scheduler's after every step it runs."""
 
-    sched: Scheduler
-    runner: FakeRunner
+    engine: LLMEngine
+    runner: ObservedRunner = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.runner = self.engine.runner
+        self.runner.observers.append(lambda batch: self.assert_runner_tables_match())
+
+    @property
+    def sched(self) -> Scheduler:
+        return self.engine.scheduler
 
     @property
     def bm(self) -> BlockManager:
@@ -30,16 +58,17 @@ class Harness:
 
     def add(self, tokens, max_tokens=4, seq_id=None, **params) -> Sequence:
         seq = Sequence(list(tokens), SamplingParams(max_tokens=max_tokens, **params), self.bm.block_size, seq_id=seq_id)
-        self.sched.add(seq)
+        self.engine.add_sequence(seq)
         return seq
 
-    def step(self):
-        batch = self.sched.schedule()
-        out = self.runner.execute(batch)
-        self.assert_runner_tables_match()
-        results = self.sched.postprocess(batch, out)
+    def observe(self, fn: Callable[[ScheduledBatch], None]) -> None:
+        """Call ``fn(batch)`` after the runner ran each step, before the scheduler postprocesses it."""
+        self.runner.observers.append(fn)
+
+    def step(self) -> EngineStep:
+        step = self.engine.step_detailed()
         self.sched.check_integrity()
-        return batch, results
+        return step
 
     def assert_runner_tables_match(self):
         """The runner's delta-built tables equal the scheduler's, for every running request (scheduled
@@ -83,4 +112,4 @@ def make_harness(num_chunks=40, chunk_pages=1, max_seqs=4, budget=32, max_model_
     sched = Scheduler(limits, bm, eos_token_id=None)
     content = KvContentModel(spec.block_size, spec.sliding_window, bool(spec.csa_layers),
                              lambda sid: sched.by_id[sid].token_ids)
-    return Harness(sched, FakeRunner(vocab_size=997, content=content))
+    return Harness(LLMEngine(sched, ObservedRunner(vocab_size=997, content=content)))

@@ -25,13 +25,11 @@ def make_engine(model_dir, parallel: ParallelConfig, quant_sim: str = "auto"):
 def run(engine, prompts, max_tokens, steps):
     seqs = []
     for p in prompts:
-        engine.add_request(p, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-        seqs.append(engine.scheduler.waiting[-1])
+        rid = engine.add_request(p, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+        seqs.append(engine.sequence(rid))
     while engine.has_unfinished_requests():
-        batch = engine.scheduler.schedule()
-        out = engine.runner.execute(batch)
-        steps += [(s.seq_id, s.start_pos, s.restore_page, engine.runner.last_logits[s.seq_id]) for s in batch.seqs]
-        engine.scheduler.postprocess(batch, out)
+        step = engine.step_detailed()
+        steps += [(s.seq_id, s.start_pos, s.restore_page, step.output.logits[s.seq_id]) for s in step.batch.seqs]
         engine.check_integrity()
     return seqs
 
