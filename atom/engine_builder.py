@@ -18,24 +18,12 @@ from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_executor.model_runner import ModelRunner
-from atom.model_executor.placement import resolve_device, resolve_dtype, resolve_model_dir, resolve_quant_sim
+from atom.model_executor.placement import (resolve_device, resolve_dtype, resolve_model_dir, resolve_quant_sim,
+                                           resolve_row_format)
 from atom.models.deepseek_v4.checkpoint import load_checkpoint
 from atom.models.deepseek_v4.loader import read_config
 
 __all__ = ["build_engine", "resolve_row_format", "describe_kv"]
-
-_ROW_FORMAT_OF_DTYPE = {"fp8": "fp8_ds_mla", "bf16": "bf16", "fp32": "fp32"}
-
-
-def resolve_row_format(kv_cache_dtype: str, *, on_gpu: bool, quantized: bool) -> str:
-    """The arena row format for ``--kv-cache-dtype``: ``auto`` stores fp8 rows on a GPU when the checkpoint
-    is quantized (the release reads its KV back from FP8) and fp32 rows otherwise (the CPU reference)."""
-    if kv_cache_dtype == "auto":
-        kv_cache_dtype = "fp8" if on_gpu and quantized else "fp32"
-    if kv_cache_dtype not in _ROW_FORMAT_OF_DTYPE:
-        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}; accepted: auto, {', '.join(_ROW_FORMAT_OF_DTYPE)}")
-    return _ROW_FORMAT_OF_DTYPE[kv_cache_dtype]
-
 
 def describe_kv(layout: KvLayout) -> str:
     """One start-up line: the stored formats and the capacity they give."""
@@ -62,8 +50,9 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     ``config.cache.kv_cache_dtype`` (see :func:`resolve_row_format`).
 
     With ``config.parallel.tensor_parallel_size > 1`` the model is sharded over that many ranks
-    (:mod:`atom.parallel`; fp32 rows, each rank's weights kept as stored): this process is rank 0 and
-    spawns the others, or joins the ranks ``torchrun`` started when ``rank_group`` is given.
+    (:mod:`atom.parallel`; each rank's weights kept as stored, rank ``k`` on GPU ``k % visible GPUs`` when
+    the device is a GPU): this process is rank 0 and spawns the others, or joins the ranks ``torchrun``
+    started when ``rank_group`` is given.
     """
     from atom.builtin_model import ensure_builtin_model
     from atom.parallel.worker import RankSpec, layout_for, shard_plan_for
@@ -84,11 +73,13 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
         from atom.parallel.executor import start_parallel_runner
         from atom.parallel.shard_loader import check_shardable
 
+        device_type = resolve_device(mc.device).type  # rank k runs on GPU k % visible GPUs
         model_cfg = read_config(model_dir, batch_invariant=batch_invariant)
-        layout = layout_for(model_cfg, config)
+        layout = layout_for(model_cfg, config, on_gpu=device_type != "cpu")
         check_shardable(model_dir, shard_plan_for(config, 0, size, model_cfg))  # before any worker starts
         spec = RankSpec(config, str(model_dir), poison=poison, kernel_backend=kernel_backend,
-                        batch_invariant=batch_invariant, eos_token_id=tokenizer.eos_token_id, quant_sim=quant_sim)
+                        batch_invariant=batch_invariant, device=device_type, eos_token_id=tokenizer.eos_token_id,
+                        quant_sim=quant_sim)
         runner = start_parallel_runner(spec, keep_logits=keep_logits, group=rank_group)
     else:
         device = resolve_device(mc.device)

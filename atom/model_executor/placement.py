@@ -1,4 +1,4 @@
-"""Where and how the model runs: the model's directory, device, dtype and quantization simulation.
+"""Where and how the model runs: the model's directory, device, dtype, quantization simulation and KV row format.
 
 Turns the strings of an :class:`~atom.config.EngineConfig` into torch objects, checking them against the
 machine: a GPU asked for but not visible, a repo id without ``huggingface_hub`` or without network, are errors
@@ -13,7 +13,20 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["resolve_device", "resolve_dtype", "resolve_quant_sim", "resolve_model_dir"]
+__all__ = ["resolve_device", "resolve_dtype", "resolve_quant_sim", "resolve_model_dir", "resolve_row_format"]
+
+_ROW_FORMAT_OF_DTYPE = {"fp8": "fp8_ds_mla", "bf16": "bf16", "fp32": "fp32"}
+
+
+def resolve_row_format(kv_cache_dtype: str, *, on_gpu: bool, quantized: bool) -> str:
+    """The arena row format for ``--kv-cache-dtype``: ``auto`` stores fp8 rows on a GPU when the checkpoint
+    is quantized (the release reads its KV back from FP8) and fp32 rows otherwise (the CPU reference)."""
+    if kv_cache_dtype == "auto":
+        kv_cache_dtype = "fp8" if on_gpu and quantized else "fp32"
+    if kv_cache_dtype not in _ROW_FORMAT_OF_DTYPE:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}; accepted: auto, {', '.join(_ROW_FORMAT_OF_DTYPE)}")
+    return _ROW_FORMAT_OF_DTYPE[kv_cache_dtype]
+
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "tokenizer*"]

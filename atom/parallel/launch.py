@@ -22,7 +22,9 @@ def join_launched_ranks(config: EngineConfig) -> RankGroup | None:
     par = config.parallel
     if par.distributed_executor_backend != "external_launcher":
         return None
-    group = join(None, None, "env://", "cpu")
+    from atom.model_executor.placement import resolve_device
+
+    group = join(None, None, "env://", resolve_device(config.model.device).type)
     if group.size != par.world_size:
         group.leave()
         raise ValueError(f"torchrun started {group.size} ranks but --tensor-parallel-size is {par.world_size}; "
@@ -39,10 +41,12 @@ def serve_launched_rank(config: EngineConfig, group: RankGroup) -> None:
     from atom.parallel.worker import RankSpec, build_rank_runner, serve_steps
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 stops this rank in order
-    limit_cpu_threads(group.size)
+    if group.device == "cpu":
+        limit_cpu_threads(group.size)
     path = config.model.path
     model_dir = resolve_model_dir(path) if path else ensure_builtin_model()  # as rank 0 (build_engine) does
-    runner, held = build_rank_runner(RankSpec(config, str(model_dir), poison=envs.load().debug_nan_arena), group)
+    runner, held = build_rank_runner(RankSpec(config, str(model_dir), poison=envs.load().debug_nan_arena,
+                                              device=group.device.partition(":")[0]), group)
     group.gather(held)
     serve_steps(group, runner)
     group.leave()

@@ -43,6 +43,7 @@ class RankGroup:
     size: int
     comm: Comm
     cpu_group: object
+    device: str = "cpu"  # where this rank's model lives: "cpu" or "cuda:<rank % visible GPUs>"
 
     def broadcast(self, obj: object) -> object:
         """Rank 0's ``obj`` on every rank (other ranks pass anything, e.g. None)."""
@@ -62,10 +63,17 @@ class RankGroup:
 
 
 def join(rank: int | None, size: int | None, init_method: str, device: torch.device | str) -> RankGroup:
-    """Initialise ``torch.distributed`` for this process (``rank``/``size`` None: from the launcher)."""
+    """Initialise ``torch.distributed`` for this process (``rank``/``size`` None: from the launcher). On a
+    GPU ``device`` (its index is ignored) rank ``k`` takes GPU ``k % visible GPUs``: with ``torchrun``'s
+    contiguous ranks per node that is its local rank."""
     backend = backend_for(device)
     kwargs = {} if rank is None else {"rank": rank, "world_size": size}
     dist.init_process_group(backend, init_method=init_method, timeout=TIMEOUT, **kwargs)
     rank, size = dist.get_rank(), dist.get_world_size()
+    local = "cpu"
+    if backend == "nccl":  # before the first collective, which creates the NCCL communicator on this GPU
+        index = rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        local = f"cuda:{index}"
     cpu_group = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo", timeout=TIMEOUT)
-    return RankGroup(rank, size, Comm(rank, size, dist.group.WORLD), cpu_group)
+    return RankGroup(rank, size, Comm(rank, size, dist.group.WORLD), cpu_group, local)

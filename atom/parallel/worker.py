@@ -18,9 +18,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+import torch
+
 from atom.config import EngineConfig
 from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 from atom.model_executor.model_runner import ModelRunner
+from atom.model_executor.placement import resolve_dtype, resolve_quant_sim, resolve_row_format
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.parallel.process_group import RankGroup, join
 from atom.parallel.shard_loader import load_sharded_checkpoint
@@ -39,7 +42,7 @@ class RankSpec:
     poison: bool = False
     kernel_backend: str | None = None
     batch_invariant: bool = False
-    device: str = "cpu"
+    device: str = "cpu"  # the device type ("cpu" or "cuda"); each rank picks its GPU (``join``)
     eos_token_id: int | None = None  # for ``min_tokens`` in the sampler
     keep_logits: bool = False  # every rank runs the head over the same rows (its all-gather is collective)
     quant_sim: bool | None = None  # None: ``config.model.quant_sim`` (``auto``: on for a quantized checkpoint)
@@ -51,10 +54,12 @@ def shard_plan_for(config: EngineConfig, rank: int, size: int, cfg: DeepseekV4Co
                      expert_parallel=par.enable_expert_parallel, n_experts=cfg.n_routed_experts)
 
 
-def layout_for(cfg: DeepseekV4Config, config: EngineConfig) -> KvLayout:
-    """The arena layout of the model's main layers under ``config`` (identical on every rank):
-    MTP is not served, rows are fp32 on the CPU path."""
-    spec = cfg.kv_spec("fp32", include_mtp=False, block_size=config.cache.block_size)
+def layout_for(cfg: DeepseekV4Config, config: EngineConfig, *, on_gpu: bool) -> KvLayout:
+    """The arena layout of the model's main layers under ``config`` (identical on every rank): MTP is not
+    served, the row format is the single-rank engine's (``resolve_row_format``)."""
+    row_format = resolve_row_format(config.cache.kv_cache_dtype, on_gpu=on_gpu,
+                                    quantized="quantization_config" in cfg.extra)
+    spec = cfg.kv_spec(row_format, include_mtp=False, block_size=config.cache.block_size)
     return plan_kv_layout(spec, config.cache, config.scheduler)
 
 
@@ -63,16 +68,17 @@ def build_rank_runner(spec: RankSpec, group: RankGroup, *, keep_logits: bool = F
     """This rank's runner over its shard, and the parameter bytes it holds."""
     from pathlib import Path
 
-    from atom.model_executor.placement import resolve_quant_sim
     from atom.models.deepseek_v4.loader import read_config
 
     c = spec.config
     cfg = read_config(spec.model_dir)
     plan = shard_plan_for(c, group.rank, group.size, cfg)
     quant_sim = resolve_quant_sim(c.model.quant_sim, Path(spec.model_dir)) if spec.quant_sim is None else spec.quant_sim
-    model = load_sharded_checkpoint(spec.model_dir, plan, group.comm, device=spec.device,
-                                    batch_invariant=spec.batch_invariant, quant_sim=quant_sim)
-    runner = ModelRunner(model, layout_for(model.cfg, c), max_model_len=c.scheduler.max_model_len, seed=c.model.seed,
+    device = torch.device(group.device)
+    model = load_sharded_checkpoint(spec.model_dir, plan, group.comm, dtype=resolve_dtype(c.model.dtype, device),
+                                    device=device, batch_invariant=spec.batch_invariant, quant_sim=quant_sim)
+    layout = layout_for(model.cfg, c, on_gpu=device.type != "cpu")
+    runner = ModelRunner(model, layout, max_model_len=c.scheduler.max_model_len, seed=c.model.seed,
                          poison=spec.poison, kernel_backend=spec.kernel_backend, keep_logits=keep_logits,
                          eos_token_id=spec.eos_token_id)
     return runner, parameter_bytes(model, plan)

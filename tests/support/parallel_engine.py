@@ -14,11 +14,12 @@ PROMPT = [(53 * i + 7) % 500 + 1 for i in range(40)]
 CONCURRENT = [[(31 * i + 3 * n) % 500 + 1 for i in range(n)] for n in (20, 28, 36, 44)]
 
 
-def make_engine(model_dir, parallel: ParallelConfig, quant_sim: str = "auto"):
-    """An engine over ``model_dir`` keeping every step's logits (``quant_sim`` as ``ModelConfig``'s)."""
+def make_engine(model_dir, parallel: ParallelConfig, quant_sim: str = "auto", device: str = "cpu"):
+    """An engine over ``model_dir`` keeping every step's logits (``quant_sim``, ``device`` as ``ModelConfig``'s;
+    fp32 weights)."""
     limits = SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=4, max_model_len=512)
     kv = KvLayout.for_chunks(read_config(model_dir).kv_spec("fp32", include_mtp=False), 5, limits).kv_cache_bytes
-    config = EngineConfig(ModelConfig(path=str(model_dir), quant_sim=quant_sim), limits, CacheConfig(kv_cache_bytes=kv), parallel)
+    config = EngineConfig(ModelConfig(path=str(model_dir), quant_sim=quant_sim, device=device, dtype="float32"), limits, CacheConfig(kv_cache_bytes=kv), parallel)
     return build_engine(config, keep_logits=True, poison=True)
 
 
