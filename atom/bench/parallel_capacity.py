@@ -10,8 +10,8 @@ utilization minus its weights, and its weights shrink.
 
 Weights are counted as a rank loads them on a GPU: FP8 linears (e4m3 + one e8m0 scale per 128x128
 block), MXFP4 routed experts (packed pairs + one scale per 32 inputs), ``attn.wo_a`` dequantized to
-bf16, the rest in its stored dtype (bf16, or fp32 for mHC, the sink and the router bias); the MTP
-block included (the sharded loader holds it). Tokens are the arena's at a 50% SWA block share
+bf16, the rest in its stored dtype (bf16, or fp32 for mHC, the sink and the router bias); without the
+MTP block, which is not served (and not loaded). Tokens are the arena's at a 50% SWA block share
 (:data:`atom.bench.capacity.LIVE_MIX`) with ``--max-live-requests`` request states held, as in the
 capacity report; the arena rows are ``fp8_ds_mla``.
 """
@@ -57,6 +57,8 @@ def model_weight_bytes(cfg: DeepseekV4Config) -> ParameterBytes:
     plan = ShardPlan(0, 1, n_experts=few)
     held = {(sharded, per_expert): 0 for sharded in (True, False) for per_expert in (True, False)}
     for name, t in DeepseekV4Model(cfg.replace(n_routed_experts=few), device="meta").state_dict().items():
+        if name.startswith("mtp."):
+            continue
         held[plan.is_sharded(name), bool(_PER_EXPERT.search(name))] += stored_bytes(name, tuple(t.shape))
     for sharded in (True, False):  # every expert-sized tensor comes ``few`` times: exact integer scaling
         assert held[sharded, True] % few == 0

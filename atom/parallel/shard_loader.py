@@ -69,7 +69,7 @@ def load_sharded_checkpoint(directory: str | Path, plan: ShardPlan, comm: Comm, 
 def check_shardable(directory: str | Path, plan: ShardPlan) -> None:
     """``CheckpointError`` (before any rank starts) unless the checkpoint matches its config and every tensor
     can be split by ``plan`` in its stored format; only headers are read, nothing is allocated."""
-    model, _, _ = plan_model(directory)
+    model, _, _ = plan_model(directory, load_mtp=False)
     _shard(directory, model, plan, Comm(plan.rank, plan.size, group="not used: nothing runs"), "meta")
 
 

@@ -76,7 +76,8 @@ def build_rank_runner(spec: RankSpec, group: RankGroup, *, keep_logits: bool = F
     quant_sim = resolve_quant_sim(c.model.quant_sim, Path(spec.model_dir)) if spec.quant_sim is None else spec.quant_sim
     device = torch.device(group.device)
     model = load_sharded_checkpoint(spec.model_dir, plan, group.comm, dtype=resolve_dtype(c.model.dtype, device),
-                                    device=device, batch_invariant=spec.batch_invariant, quant_sim=quant_sim)
+                                    device=device, batch_invariant=spec.batch_invariant, quant_sim=quant_sim,
+                                    load_mtp=False)  # MTP is not served (as on one rank)
     layout = layout_for(model.cfg, c, on_gpu=device.type != "cpu")
     runner = ModelRunner(model, layout, max_model_len=c.scheduler.max_model_len, seed=c.model.seed,
                          poison=spec.poison, kernel_backend=spec.kernel_backend, keep_logits=keep_logits,
