@@ -76,7 +76,8 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
         device_type = resolve_device(mc.device).type  # rank k runs on GPU k % visible GPUs
         model_cfg = read_config(model_dir, batch_invariant=batch_invariant)
         layout = layout_for(model_cfg, config, on_gpu=device_type != "cpu")
-        check_shardable(model_dir, shard_plan_for(config, 0, size, model_cfg))  # before any worker starts
+        quant_sim = resolve_quant_sim(mc.quant_sim, model_dir) if quant_sim is None else quant_sim
+        check_shardable(model_dir, shard_plan_for(config, 0, size, model_cfg), quant_sim=quant_sim)  # before any worker
         spec = RankSpec(config, str(model_dir), poison=poison, kernel_backend=kernel_backend,
                         batch_invariant=batch_invariant, device=device_type, eos_token_id=tokenizer.eos_token_id,
                         quant_sim=quant_sim)

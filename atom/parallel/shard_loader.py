@@ -66,10 +66,11 @@ def load_sharded_checkpoint(directory: str | Path, plan: ShardPlan, comm: Comm, 
     return model.eval()
 
 
-def check_shardable(directory: str | Path, plan: ShardPlan) -> None:
+def check_shardable(directory: str | Path, plan: ShardPlan, **overrides: object) -> None:
     """``CheckpointError`` (before any rank starts) unless the checkpoint matches its config and every tensor
-    can be split by ``plan`` in its stored format; only headers are read, nothing is allocated."""
-    model, _, _ = plan_model(directory, load_mtp=False)
+    can be split by ``plan`` in its stored format (``overrides`` as the ranks load it: ``quant_sim``); only
+    headers are read, nothing is allocated."""
+    model, _, _ = plan_model(directory, load_mtp=False, **overrides)
     _shard(directory, model, plan, Comm(plan.rank, plan.size, group="not used: nothing runs"), "meta")
 
 

@@ -12,7 +12,7 @@ from atom.models.deepseek_v4.checkpoint import CheckpointError, load_checkpoint,
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.models.deepseek_v4.make_tiny_checkpoint import make_tiny_checkpoint
 from atom.models.deepseek_v4.quant import dequantize_fp8_weight, dequantize_mxfp4_weight
-from atom.parallel.shard_loader import load_sharded_checkpoint
+from atom.parallel.shard_loader import check_shardable, load_sharded_checkpoint
 from atom.parallel.shard_plan import ShardPlan
 from atom.parallel.sharding import SplitInputLinear, parameter_bytes
 
@@ -112,3 +112,12 @@ def test_an_fp8_split_on_whole_blocks_holds_half_the_block_scales(tmp_path):
     assert torch.equal(got_w2.weight.view(torch.uint8), w2.weight[:, 128:].view(torch.uint8))
     assert torch.equal(got_w2.scale.view(torch.uint8), w2.scale[:, 1:].view(torch.uint8))
     assert type(got_w2) is not SplitInputLinear  # each rank's 128 inputs are whole blocks
+
+
+def test_with_quant_sim_a_split_whose_inputs_do_not_tile_the_fp8_input_blocks_is_refused(tmp_path):
+    cfg = TINY.replace(moe_inter_dim=192)  # w2: 96 MXFP4 inputs per rank (3 groups) against FP8 input blocks of 64
+    save_checkpoint(tmp_path, cfg, random_state_dict(cfg), fp4_experts=True)
+    plan = ShardPlan(1, 2, True, False, TINY.n_routed_experts)
+    load_sharded_checkpoint(tmp_path, plan, Comm(1, 2, NOT_USED))  # without quant_sim there are no input blocks
+    with pytest.raises(CheckpointError, match=r"experts\.0\.w2: each rank's 96 inputs of 192 do not tile the 64-wide"):
+        check_shardable(tmp_path, plan, quant_sim=True)
