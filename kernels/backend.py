@@ -40,7 +40,6 @@ _CHOICES = ("auto",) + BACKENDS
 # op name -> (module in atom.kernels, Triton wrapper, torch reference)
 OPS: dict[str, tuple[str, str, str]] = {
     "swa_write": ("swa_write", "swa_write", "swa_write_ref"),
-    "swa_write_prefill": ("swa_write", "swa_write_prefill", "swa_write_prefill_ref"),
     "compressed_write": ("compressed_write", "compressed_write", "compressed_write_ref"),
     "compressor_state_update": ("compressor_state", "compressor_state_update", "compressor_state_update_ref"),
     "csa_boundary_capture": ("compressor_state", "csa_boundary_capture", "csa_boundary_capture_ref"),
@@ -48,8 +47,6 @@ OPS: dict[str, tuple[str, str, str]] = {
     "hca_state_update": ("hca_state", "hca_state_update", "hca_state_update_ref"),
     "build_window_index": ("paged_index", "build_window_index", "build_window_index_ref"),
     "build_comp_index": ("paged_index", "build_comp_index", "build_comp_index_ref"),
-    "build_paged_index": ("paged_index", "build_paged_index", "build_paged_index_ref"),
-    "build_split_window_index": ("extend_index", "build_split_window_index", "build_split_window_index_ref"),
     "sparse_attention": ("sparse_attention", "sparse_attention", "sparse_attention_ref"),
     "index_score": ("index_score", "index_score", "index_score_ref"),
     "fp8_ds_mla_quantize": ("fp8_ds_mla", "fp8_ds_mla_quantize", "fp8_ds_mla_quantize_ref"),

@@ -55,7 +55,7 @@ def _table(num_seqs: int, max_blocks: int, dev: str) -> torch.Tensor:
 
 
 def bench_swa_write(dev: str) -> list[dict]:
-    from .swa_write import swa_write, swa_write_prefill
+    from .swa_write import swa_write
 
     rows = torch.empty(4096 * ROW_STRIDE, D, dtype=torch.bfloat16, device=dev)
     tab = _table(256, 16, dev)
@@ -66,13 +66,11 @@ def bench_swa_write(dev: str) -> list[dict]:
                 _time_ms(lambda: swa_write(k, rows, tab, seq, pos, block_size=BS, row_stride=ROW_STRIDE)),
                 2 * k.numel() * 2)]
     kp = torch.randn(16 * 1024, D, dtype=torch.bfloat16, device=dev)
-    cu = torch.arange(0, 17 * 1024, 1024, dtype=torch.int32, device=dev)
-    start = torch.zeros(16, dtype=torch.int32, device=dev)
-    for full in (False, True):
-        ms = _time_ms(lambda: swa_write_prefill(kp, rows, tab[:16], cu, start, block_size=BS, row_stride=ROW_STRIDE,
-                                                window=WINDOW, full_retain=full))
-        written = 16 * (1024 if full else WINDOW) * D * 2
-        out.append(_row(f"swa_write_prefill 16x1024 tok {'full' if full else 'window'}", ms, 2 * written))
+    pseq = torch.arange(16, dtype=torch.int32, device=dev).repeat_interleave(1024)
+    ppos = (torch.arange(16 * 1024, device=dev) % 1024).to(torch.int32)
+    out.append(_row("swa_write prefill 16x1024 tok bf16[512]",
+                    _time_ms(lambda: swa_write(kp, rows, tab, pseq, ppos, block_size=BS, row_stride=ROW_STRIDE)),
+                    2 * kp.numel() * 2))
     return out
 
 
@@ -136,17 +134,6 @@ def bench_index(dev: str) -> list[dict]:
                     _time_ms(lambda: build_comp_index(comp, seq, pos, None, width=ctx // 128, ratio=128,
                                                       entries_per_block=1, pages_per_chunk=1, chunk_rows=1)),
                     n * (ctx // 128) * 8))
-    from .extend_index import build_split_window_index
-
-    lens = 8 * [1024]
-    cu = torch.arange(0, 9 * 1024, 1024, dtype=torch.int32, device=dev)
-    starts = torch.full((8,), 4096, dtype=torch.int32, device=dev)
-    pseq = torch.arange(8, dtype=torch.int32, device=dev).repeat_interleave(1024)
-    ppos = (torch.arange(8 * 1024, device=dev) % 1024 + 4096).to(torch.int32)
-    res.append(_row(f"build_split_window_index prefill {len(lens)}x1024 tok, W 128",
-                    _time_ms(lambda: build_split_window_index(swa, pseq, ppos, cu, starts, window=WINDOW,
-                                                              block_size=BS, row_stride=ROW_STRIDE)),
-                    8 * 1024 * WINDOW * 8 * 2))
     return res
 
 

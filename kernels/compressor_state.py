@@ -3,7 +3,8 @@
 Three kernels, each a checked Triton wrapper plus a torch reference of the same signature:
 
 * :func:`compressor_state_update` writes each token's fp32 ``kv`` row and ``score + ape[pos % ratio]``
-  row into its request's ring at ``pos % ring`` (CSA: ring 8, width 2c; HCA: ring = ratio, width c).
+  row into its request's ring at ``pos % ring`` (CSA: ring ``CSA_STATE_RING`` = 8, width 2c; HCA:
+  ring = ratio, width c; :mod:`atom.kv_group` holds these facts).
   Only the last ``ring`` tokens of each sequence's chunk are written: earlier ones would be overwritten
   inside the same chunk, and writing them in parallel would race on the same ring row.
 * :func:`csa_boundary_capture` stores, for every token with ``pos % block_size >= block_size - 4``,
@@ -25,14 +26,14 @@ from __future__ import annotations
 
 import torch
 
+from atom.kv_group import CSA_OVERLAP_ROWS  # rows of the CSA boundary state per SWA page: positions B-4 .. B-1
+
 from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_rows, check_same_device,
                       launch_tiles, masked_put, require_triton, triton, tl, value_checks_enabled)
 from .swa_write import check_ragged, ragged_tokens
 
 __all__ = ["compressor_state_update", "compressor_state_update_ref", "csa_boundary_capture",
            "csa_boundary_capture_ref", "csa_boundary_restore", "csa_boundary_restore_ref", "CSA_OVERLAP_ROWS"]
-
-CSA_OVERLAP_ROWS = 4  # rows of the CSA boundary state per SWA page: positions B-4 .. B-1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,9 +104,9 @@ def _check_restore(kv_src, score_src, kv_state, score_state, restore_src, state_
     check_range("state_slot", state_slot, -1, kv_state.shape[0], "a slot of kv_state, or -1 = skip")
     live = (restore_src >= 0) & (state_slot >= 0)
     check_range("resume_pos of restored sequences", resume_pos[live], CSA_OVERLAP_ROWS, 2**31 - 1,
-                "a restore needs the 4 positions before it")
+                f"a restore needs the {CSA_OVERLAP_ROWS} positions before it")
     if value_checks_enabled() and bool((resume_pos[live] % CSA_OVERLAP_ROWS != 0).any()):
-        raise ValueError("resume_pos of a restored sequence must be a multiple of 4 (a block boundary)")
+        raise ValueError(f"resume_pos of a restored sequence must be a multiple of {CSA_OVERLAP_ROWS} (a block boundary)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,13 +194,13 @@ if HAS_TRITON:
     @triton.jit
     def _capture_kernel(kv_ptr, score_ptr, ape_ptr, kvd_ptr, sd_ptr, table_ptr, cu_ptr, pstart_ptr, width,
                         kv_stride, score_stride, ape_stride, kvd_s0, kvd_s1, sd_s0, sd_s1, table_stride, block_size,
-                        ratio, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+                        ratio, OVERLAP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
         s = tl.program_id(0)
         start = tl.load(cu_ptr + s)
         n = tl.load(cu_ptr + s + 1) - start
         j = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
         pos = tl.load(pstart_ptr + s) + j
-        first = block_size - 4
+        first = block_size - OVERLAP
         ok = (j < n) & (pos % block_size >= first)
         page = tl.load(table_ptr + s.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
         ok = ok & (page >= 0)
@@ -211,13 +212,14 @@ if HAS_TRITON:
 
     @triton.jit
     def _restore_kernel(kvs_ptr, ss_ptr, kvd_ptr, sd_ptr, src_ptr, slot_ptr, rpos_ptr, width, kvs_s0, kvs_s1,
-                        ss_s0, ss_s1, kvd_s0, kvd_s1, sd_s0, sd_s1, ring, BLOCK_W: tl.constexpr):
+                        ss_s0, ss_s1, kvd_s0, kvd_s1, sd_s0, sd_s1, ring, OVERLAP: tl.constexpr,
+                        BLOCK_W: tl.constexpr):
         s = tl.program_id(0)
         page = tl.load(src_ptr + s).to(tl.int64)
         slot = tl.load(slot_ptr + s).to(tl.int64)
-        j = tl.arange(0, 4)
-        ok = (j < 4) & (page >= 0) & (slot >= 0)
-        r = ((tl.load(rpos_ptr + s) - 4 + j) % ring).to(tl.int64)
+        j = tl.arange(0, OVERLAP)
+        ok = (j < OVERLAP) & (page >= 0) & (slot >= 0)
+        r = ((tl.load(rpos_ptr + s) - OVERLAP + j) % ring).to(tl.int64)
         copy_rows(kvs_ptr, page * kvs_s0 + j * kvs_s1, kvd_ptr, slot * kvd_s0 + r * kvd_s1, ok, width, BLOCK_W)
         copy_rows(ss_ptr, page * ss_s0 + j * ss_s1, sd_ptr, slot * sd_s0 + r * sd_s1, ok, width, BLOCK_W)
 
@@ -268,7 +270,7 @@ def csa_boundary_capture(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tenso
                           kv.stride(0), score.stride(0), ape.stride(0), kv_dst.stride(0), kv_dst.stride(1),
                           score_dst.stride(0),
                           score_dst.stride(1), capture_table.stride(0), block_size, ape.shape[0],
-                          BLOCK_T=bt, BLOCK_W=bw)
+                          OVERLAP=CSA_OVERLAP_ROWS, BLOCK_T=bt, BLOCK_W=bw)
 
 
 def csa_boundary_restore(kv_src: torch.Tensor, score_src: torch.Tensor, kv_state: torch.Tensor,
@@ -290,4 +292,5 @@ def csa_boundary_restore(kv_src: torch.Tensor, score_src: torch.Tensor, kv_state
     _restore_kernel[(restore_src.shape[0],)](
         kv_src, score_src, kv_state, score_state, restore_src, state_slot, resume_pos, kv_src.shape[2],
         kv_src.stride(0), kv_src.stride(1), score_src.stride(0), score_src.stride(1), kv_state.stride(0),
-        kv_state.stride(1), score_state.stride(0), score_state.stride(1), kv_state.shape[1], BLOCK_W=bw)
+        kv_state.stride(1), score_state.stride(0), score_state.stride(1), kv_state.shape[1],
+        OVERLAP=CSA_OVERLAP_ROWS, BLOCK_W=bw)

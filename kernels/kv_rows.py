@@ -6,7 +6,7 @@ two FP8 formats, named by its codec layout:
 * :class:`~atom.kernels.fp8_ds_mla.Fp8DsMlaLayout`: SWA and compressed KV rows (``fp8_ds_mla``);
 * :class:`~atom.kernels.fp8_index_key.Fp8IndexKeyLayout`: lightning-indexer keys (``fp8``).
 
-Writers (``swa_write``, ``swa_write_prefill``, ``compressed_write``) take fp32/bf16 values and, for a
+Writers (``swa_write``, ``compressed_write``) take fp32/bf16 values and, for a
 byte view, encode them in registers on the way to the arena; readers (``sparse_attention``) decode
 byte rows in registers into fp32 tiles. No kernel makes a dequantized copy of arena rows. The torch
 references encode / decode through the codec references, so both paths give the same bytes.

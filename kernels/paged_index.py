@@ -10,12 +10,14 @@ live in two different row views of the arena, so they are returned as two index 
   ``(page // pages_per_chunk) * chunk_rows + (page % pages_per_chunk) * epb + i % epb`` with
   ``page = comp_table[s, i // epb]``:
 
-  - c4 (CSA): the given top-k logical entries ``topk[t, :]`` (-1 padding kept as -1), in order;
-  - hca: all completed entries ``i < (pos + 1) // ratio`` in order, -1 padding to ``Kc``;
-  - dense: no compressed rows (``Kc = 0``).
+  - a CSA layer (``topk`` given): the given top-k logical entries ``topk[t, :]`` (-1 padding kept
+    as -1), in order;
+  - an HCA layer (``topk=None``): all completed entries ``i < (pos + 1) // ratio`` in order, -1
+    padding to ``Kc``;
+  - a dense layer has no compressed rows: it builds only the window index.
 
 Tokens with ``seq_idx == -1`` or ``positions == -1`` (padding) get all -1 rows. The window index is
-the same for every group; :func:`build_paged_index` picks the compressed part by group.
+the same for every layer kind (:mod:`atom.kv_group` says which kind a compress ratio is).
 """
 
 from __future__ import annotations
@@ -28,17 +30,7 @@ from ._common import (HAS_TRITON, check_comp_geometry, check_index, check_positi
                       check_same_device, check_swa_geometry, compressed_row, next_pow2, require_triton, triton, tl,
                       value_checks_enabled)
 
-__all__ = ["PagedIndex", "build_window_index", "build_window_index_ref", "build_comp_index",
-           "build_comp_index_ref", "build_paged_index", "build_paged_index_ref", "GROUPS"]
-
-GROUPS = ("dense", "c4", "hca")
-
-
-class PagedIndex(NamedTuple):
-    """The two index tensors one attention call gathers from (int32, -1 = masked)."""
-
-    window_idx: torch.Tensor  # [T, window] rows of the SWA view
-    comp_idx: torch.Tensor  # [T, Kc] rows of the compressed view (Kc = 0 for dense layers)
+__all__ = ["build_window_index", "build_window_index_ref", "build_comp_index", "build_comp_index_ref"]
 
 
 class CompGeometry(NamedTuple):
@@ -240,47 +232,3 @@ def build_comp_index(comp_table: torch.Tensor, seq_idx: torch.Tensor, positions:
                        comp_table.stride(0), 0 if topk is None else topk.stride(0), ratio, entries_per_block,
                        pages_per_chunk, chunk_rows, ALL_COMPLETED=topk is None, BLOCK_T=bt, BLOCK_K=bk)
     return out
-
-
-def _paged_index(window_fn, comp_fn, group, swa_table, comp_table, seq_idx, positions, topk, window, block_size,
-                 row_stride, comp_width, ratio, pages_per_chunk, chunk_rows) -> PagedIndex:
-    if group not in GROUPS:
-        raise ValueError(f"group={group!r}; expected one of {GROUPS}")
-    win = window_fn(swa_table, seq_idx, positions, window=window, block_size=block_size, row_stride=row_stride)
-    if group == "dense":
-        return PagedIndex(win, torch.empty(seq_idx.shape[0], 0, dtype=torch.int32, device=seq_idx.device))
-    if (group == "c4") != (topk is not None):
-        raise ValueError(f"group {group!r}: topk must be given for c4 and only for c4")
-    if comp_table is None or ratio is None or pages_per_chunk is None or chunk_rows is None:
-        raise ValueError(f"group {group!r} needs comp_table, ratio, pages_per_chunk and chunk_rows")
-    width = topk.shape[1] if topk is not None else comp_width
-    if width is None:
-        raise ValueError("group 'hca' needs comp_width (the fixed width of comp_idx)")
-    check_positive("ratio", ratio)
-    if block_size % ratio:
-        raise ValueError(f"block_size={block_size} must be a multiple of ratio={ratio}")
-    comp = comp_fn(comp_table, seq_idx, positions, topk, width=width, ratio=ratio,
-                   entries_per_block=block_size // ratio, pages_per_chunk=pages_per_chunk, chunk_rows=chunk_rows)
-    return PagedIndex(win, comp)
-
-
-def build_paged_index(group: str, swa_table: torch.Tensor, seq_idx: torch.Tensor, positions: torch.Tensor, *,
-                      window: int, block_size: int, row_stride: int, comp_table: torch.Tensor | None = None,
-                      topk: torch.Tensor | None = None, comp_width: int | None = None, ratio: int | None = None,
-                      pages_per_chunk: int | None = None, chunk_rows: int | None = None) -> PagedIndex:
-    """Both index tensors of one layer group: ``dense`` (window only), ``c4`` (window + top-k), ``hca``.
-
-    ``entries_per_block`` is ``block_size // ratio``; ``comp_width`` is the fixed hca width.
-    """
-    return _paged_index(build_window_index, build_comp_index, group, swa_table, comp_table, seq_idx, positions,
-                        topk, window, block_size, row_stride, comp_width, ratio, pages_per_chunk, chunk_rows)
-
-
-def build_paged_index_ref(group: str, swa_table: torch.Tensor, seq_idx: torch.Tensor, positions: torch.Tensor, *,
-                          window: int, block_size: int, row_stride: int, comp_table: torch.Tensor | None = None,
-                          topk: torch.Tensor | None = None, comp_width: int | None = None, ratio: int | None = None,
-                          pages_per_chunk: int | None = None, chunk_rows: int | None = None) -> PagedIndex:
-    """Torch reference of :func:`build_paged_index` (same contract)."""
-    return _paged_index(build_window_index_ref, build_comp_index_ref, group, swa_table, comp_table, seq_idx,
-                        positions, topk, window, block_size, row_stride, comp_width, ratio, pages_per_chunk,
-                        chunk_rows)

@@ -1,8 +1,7 @@
 """Sparse attention over gathered rows with a per-head attention sink (prefill and decode shapes).
 
 Contract. For query token ``t`` and head ``h`` the key set is the rows ``window_rows[window_idx[t, :]]``
-followed by ``comp_rows[comp_idx[t, :]]`` and, when given, ``extend_rows[extend_idx[t, :]]`` (the
-step's own K rows, for a prefill window that is not paged yet); -1 entries are masked out. Every row is both key and
+followed by ``comp_rows[comp_idx[t, :]]``; -1 entries are masked out. Every row is both key and
 value (DSV4 shares one latent row). With ``s_j = scale * <q[t, h], row_j>``::
 
     out[t, h] = sum_j exp(s_j) * row_j / (sum_j exp(s_j) + exp(sink[h]))
@@ -19,7 +18,7 @@ tuned GPU path may relax. Output has ``q``'s dtype.
 Row formats: the window and compressed rows are plain rows of ``q``'s dtype (``codec=None``) or uint8
 ``fp8_ds_mla`` byte rows (``codec`` = their :class:`~atom.kernels.fp8_ds_mla.Fp8DsMlaLayout`), decoded
 in registers tile by tile (:mod:`atom.kernels.kv_rows`); no dequantized copy of the window or of the
-picked entries is made. Extend rows are always plain values.
+picked entries is made.
 """
 
 from __future__ import annotations
@@ -47,16 +46,14 @@ def _check_source(q, name, rows, idx, codec: RowCodec = None) -> None:
     check_same_device(q=q, rows=rows, idx=idx)
 
 
-def _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_rows=None, extend_idx=None,
-           codec: RowCodec = None) -> None:
+def _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, codec: RowCodec = None) -> None:
     check_rows("q", q, ndim=3, dtypes=_DTYPES)
     num_tokens, heads, dim = q.shape
     _check_source(q, "window", window_rows, window_idx, codec)
-    for name, rows, idx, fmt in (("comp", comp_rows, comp_idx, codec), ("extend", extend_rows, extend_idx, None)):
-        if (rows is None) != (idx is None):
-            raise ValueError(f"{name}_rows and {name}_idx must be given together (or both None)")
-        if rows is not None:
-            _check_source(q, name, rows, idx, fmt)
+    if (comp_rows is None) != (comp_idx is None):
+        raise ValueError("comp_rows and comp_idx must be given together (or both None)")
+    if comp_rows is not None:
+        _check_source(q, "comp", comp_rows, comp_idx, codec)
     check_rows("sink", sink, ndim=1, dtype=torch.float32, width=heads)
     if value_checks_enabled() and not bool(torch.isfinite(sink).all()):
         raise ValueError("sink must be finite (it starts the online softmax; -inf would give NaN on empty rows)")
@@ -67,11 +64,10 @@ def _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_
 
 def sparse_attention_ref(q: torch.Tensor, window_rows: torch.Tensor, window_idx: torch.Tensor,
                          comp_rows: torch.Tensor | None, comp_idx: torch.Tensor | None, sink: torch.Tensor, *,
-                         scale: float, extend_rows: torch.Tensor | None = None,
-                         extend_idx: torch.Tensor | None = None, codec: RowCodec = None) -> torch.Tensor:
+                         scale: float, codec: RowCodec = None) -> torch.Tensor:
     """Torch reference of :func:`sparse_attention` (same contract), in fp32."""
-    _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_rows, extend_idx, codec)
-    sources = [(window_rows, window_idx, codec), (comp_rows, comp_idx, codec), (extend_rows, extend_idx, None)]
+    _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, codec)
+    sources = [(window_rows, window_idx, codec), (comp_rows, comp_idx, codec)]
     sources = [src for src in sources if src[0] is not None]
     keys = torch.cat([_gather(rows, idx, fmt) for rows, idx, fmt in sources], dim=1)  # [T, K, D]
     valid = torch.cat([idx >= 0 for _, idx, _ in sources], dim=1)  # [T, K]
@@ -118,9 +114,9 @@ if HAS_TRITON:
         return m_i, l_i, acc
 
     @triton.jit
-    def _sparse_attention_kernel(q_ptr, out_ptr, wrows_ptr, widx_ptr, crows_ptr, cidx_ptr, erows_ptr, eidx_ptr,
-                                 sink_ptr, heads, dim, n_win, n_comp, n_ext, q_s0, q_s1, o_s0, o_s1, wrows_stride,
-                                 crows_stride, erows_stride, scale, HAS_COMP: tl.constexpr, HAS_EXT: tl.constexpr,
+    def _sparse_attention_kernel(q_ptr, out_ptr, wrows_ptr, widx_ptr, crows_ptr, cidx_ptr,
+                                 sink_ptr, heads, dim, n_win, n_comp, q_s0, q_s1, o_s0, o_s1, wrows_stride,
+                                 crows_stride, scale, HAS_COMP: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                                  FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
@@ -137,32 +133,26 @@ if HAS_TRITON:
         if HAS_COMP:
             m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, crows_ptr, crows_stride, cidx_ptr + t * n_comp,
                                            n_comp, dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK)
-        if HAS_EXT:
-            m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, erows_ptr, erows_stride, eidx_ptr + t * n_ext,
-                                           n_ext, dim, scale, BLOCK_N, BLOCK_D, 0, 1, 1, 1)
         out = acc / l_i[:, None]
         tl.store(out_ptr + t * o_s0 + h[:, None] * o_s1 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=qm)
 
 
 def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: torch.Tensor,
                      comp_rows: torch.Tensor | None, comp_idx: torch.Tensor | None, sink: torch.Tensor, *,
-                     scale: float, extend_rows: torch.Tensor | None = None,
-                     extend_idx: torch.Tensor | None = None, codec: RowCodec = None) -> torch.Tensor:
-    """Attention of ``q`` over the rows named by two (optionally three) index tensors, with a per-head sink.
+                     scale: float, codec: RowCodec = None) -> torch.Tensor:
+    """Attention of ``q`` over the rows named by two index tensors, with a per-head sink.
 
     Args:
         q: ``[T, H, D]`` fp32 or bf16, inner dim contiguous.
         window_rows: ``[Nw, D]`` SWA row view (same dtype as q); window_idx: int32 ``[T, W]``, -1 masked.
         comp_rows: ``[Nc, D]`` compressed row view or None; comp_idx: int32 ``[T, Kc]`` or None.
         sink: fp32 ``[H]`` per-head sink logit. scale: softmax scale (e.g. ``D ** -0.5``).
-        extend_rows, extend_idx: optional third source, the step's own K rows ``[T_k, D]`` with int32
-            ``[T, We]`` indices (a prefill window split by ``build_split_window_index``).
         codec: None when window and compressed rows are plain rows of q's dtype; the
             :class:`Fp8DsMlaLayout` of both when they are uint8 ``fp8_ds_mla`` rows.
 
     Returns ``[T, H, D]`` in q's dtype. Raises ValueError before launch on bad arguments.
     """
-    _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, extend_rows, extend_idx, codec)
+    _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, codec)
     require_triton("sparse_attention")
     num_tokens, heads, dim = q.shape
     out = torch.empty_like(q)
@@ -170,15 +160,13 @@ def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: tor
         return out
     has_comp = comp_rows is not None and comp_idx.shape[1] > 0
     crows, cidx = (comp_rows, comp_idx) if has_comp else (window_rows, window_idx)
-    has_ext = extend_rows is not None and extend_idx.shape[1] > 0
-    erows, eidx = (extend_rows, extend_idx) if has_ext else (window_rows, window_idx)
     block_h = max(16, min(next_pow2(heads), 16 if q.is_cuda else 64))
     block_d = max(16, next_pow2(dim))
     grid = (num_tokens, triton.cdiv(heads, block_h))
     fmt = {k: v for k, v in codec_constexprs(codec).items() if k in ("FMT", "NOPE", "ROPE", "QBLOCK")}
-    _sparse_attention_kernel[grid](q, out, window_rows, window_idx, crows, cidx, erows, eidx, sink, heads, dim,
-                                   window_idx.shape[1], cidx.shape[1], eidx.shape[1], q.stride(0), q.stride(1),
+    _sparse_attention_kernel[grid](q, out, window_rows, window_idx, crows, cidx, sink, heads, dim,
+                                   window_idx.shape[1], cidx.shape[1], q.stride(0), q.stride(1),
                                    out.stride(0), out.stride(1), window_rows.stride(0), crows.stride(0),
-                                   erows.stride(0), scale, HAS_COMP=has_comp, HAS_EXT=has_ext, BLOCK_H=block_h,
+                                   scale, HAS_COMP=has_comp, BLOCK_H=block_h,
                                    BLOCK_N=32 if q.is_cuda else 64, BLOCK_D=block_d, **fmt)
     return out

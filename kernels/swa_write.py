@@ -14,25 +14,24 @@ Row formats: ``rows`` is a plain fp32/bf16 view (``codec=None``, rows are copied
 ``fp8_ds_mla`` rows (``codec`` = its :class:`~atom.kernels.fp8_ds_mla.Fp8DsMlaLayout`; ``k`` holds fp32/bf16
 values that are encoded in registers on the way in, see :mod:`atom.kernels.kv_rows`).
 
-Two entry points, each a checked Triton wrapper with a torch reference of the same signature:
-
-* :func:`swa_write` / :func:`swa_write_ref`: per-token ``seq_idx`` and ``positions`` (decode, or
-  any batch the runner has flattened).
-* :func:`swa_write_prefill` / :func:`swa_write_prefill_ref`: per-sequence ``cu_seqlens`` and
-  ``pos_start`` (a ragged prefill chunk). Only the last ``window`` tokens of each sequence's chunk
-  are written (the only ones a later step can read) unless ``full_retain``.
+One entry point, a checked Triton wrapper with a torch reference of the same signature:
+:func:`swa_write` / :func:`swa_write_ref`, per-token ``seq_idx`` and ``positions`` (the runner
+flattens prefill chunks and decodes alike). Every row of a chunk is written, before attention reads
+the window: the prefix cache publishes only fully written blocks. :func:`check_ragged` and
+:func:`ragged_tokens` describe a ragged batch (``cu_seqlens``, ``pos_start``) for the compressor-state
+kernels.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_same_device, check_swa_geometry,
+from ._common import (HAS_TRITON, check_index, check_range, check_same_device, check_swa_geometry,
                       launch_tiles, masked_put, max_swa_page, require_triton, triton, tl,
                       value_checks_enabled)
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, encode_rows_ref
 
-__all__ = ["swa_write", "swa_write_ref", "swa_write_prefill", "swa_write_prefill_ref"]
+__all__ = ["swa_write", "swa_write_ref", "check_ragged", "ragged_tokens"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -79,17 +78,6 @@ def check_ragged(k_len: int, cu_seqlens: torch.Tensor, pos_start: torch.Tensor, 
     return int(lens.max())
 
 
-def _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window, codec) -> int:
-    _check_dest(k, rows, swa_table, block_size, row_stride, codec)
-    check_positive("window", window)
-    check_same_device(k=k, rows=rows, swa_table=swa_table, cu_seqlens=cu_seqlens, pos_start=pos_start)
-    max_len = check_ragged(k.shape[0], cu_seqlens, pos_start, swa_table.shape[1] * block_size)
-    if cu_seqlens.shape[0] - 1 != swa_table.shape[0]:
-        raise ValueError(f"swa_table has {swa_table.shape[0]} rows but cu_seqlens describes "
-                         f"{cu_seqlens.shape[0] - 1} sequences")
-    return max_len
-
-
 def ragged_tokens(cu_seqlens: torch.Tensor, pos_start: torch.Tensor, keep_last: int | None, num_tokens: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token index, sequence index, position, keep) of the ``num_tokens`` tokens of a ragged batch, in token
@@ -129,15 +117,6 @@ def swa_write_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, 
                  block_size, row_stride, codec)
 
 
-def swa_write_prefill_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor,
-                          cu_seqlens: torch.Tensor, pos_start: torch.Tensor, *, block_size: int,
-                          row_stride: int, window: int, full_retain: bool = False, codec: RowCodec = None) -> None:
-    """Torch reference of :func:`swa_write_prefill` (same contract)."""
-    _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window, codec)
-    tok, seq, pos, keep = ragged_tokens(cu_seqlens, pos_start, None if full_retain else window, k.shape[0])
-    _scatter_ref(k, rows, swa_table, tok, seq, pos, keep, block_size, row_stride, codec)
-
-
 # ----------------------------------------------------------------------------------------------
 # Triton
 # ----------------------------------------------------------------------------------------------
@@ -161,28 +140,6 @@ if HAS_TRITON:
         dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride
         store_rows(k_ptr, t.to(tl.int64) * k_stride, rows_ptr, dst, ok, width, BLOCK_W, FMT, NOPE, ROPE, QBLOCK,
                    PAD, PAD_P2, X_IS_BF16)
-
-    @triton.jit
-    def _swa_write_prefill_kernel(k_ptr, rows_ptr, table_ptr, cu_ptr, pstart_ptr, width, k_stride,
-                                  rows_stride, table_stride, block_size, row_stride, window,
-                                  FULL_RETAIN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
-                                  FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr,
-                                  PAD: tl.constexpr, PAD_P2: tl.constexpr, X_IS_BF16: tl.constexpr):
-        s = tl.program_id(0)
-        start = tl.load(cu_ptr + s)
-        n = tl.load(cu_ptr + s + 1) - start
-        if FULL_RETAIN:
-            j0 = n * 0
-        else:
-            j0 = tl.maximum(n - window, 0)
-        j = j0 + tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-        ok = j < n
-        pos = tl.load(pstart_ptr + s) + j
-        page = tl.load(table_ptr + s.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
-        ok = ok & (page >= 0)
-        dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride
-        store_rows(k_ptr, (start + j).to(tl.int64) * k_stride, rows_ptr, dst, ok, width, BLOCK_W, FMT, NOPE, ROPE,
-                   QBLOCK, PAD, PAD_P2, X_IS_BF16)
 
 
 def swa_write(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
@@ -211,25 +168,3 @@ def swa_write(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_
     _swa_write_tokens_kernel[grid](k, rows, swa_table, seq_idx, positions, k.shape[0], k.shape[1],
                                    k.stride(0), rows.stride(0), swa_table.stride(0), block_size, row_stride,
                                    BLOCK_T=bt, BLOCK_W=bw, **codec_constexprs(codec, k))
-
-
-def swa_write_prefill(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, cu_seqlens: torch.Tensor,
-                      pos_start: torch.Tensor, *, block_size: int, row_stride: int, window: int,
-                      full_retain: bool = False, codec: RowCodec = None) -> None:
-    """Write a ragged prefill chunk's K rows into the SWA rows, window-only unless ``full_retain``.
-
-    Sequence ``s`` owns tokens ``cu_seqlens[s] .. cu_seqlens[s+1]-1`` of ``k``; its token ``j`` sits
-    at position ``pos_start[s] + j``. Without ``full_retain`` only tokens ``j >= len_s - window`` are
-    written. ``swa_table`` has one row per sequence. Other arguments as in :func:`swa_write`.
-    """
-    max_len = _check_prefill(k, rows, swa_table, cu_seqlens, pos_start, block_size, row_stride, window, codec)
-    require_triton("swa_write_prefill")
-    span = max_len if full_retain else min(max_len, window)
-    if span == 0:
-        return
-    bt, bw = launch_tiles(k.device, k.shape[1])
-    grid = (swa_table.shape[0], triton.cdiv(span, bt))
-    _swa_write_prefill_kernel[grid](k, rows, swa_table, cu_seqlens, pos_start, k.shape[1], k.stride(0),
-                                    rows.stride(0), swa_table.stride(0), block_size, row_stride, window,
-                                    FULL_RETAIN=bool(full_retain), BLOCK_T=bt, BLOCK_W=bw,
-                                    **codec_constexprs(codec, k))

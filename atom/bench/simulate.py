@@ -306,9 +306,13 @@ def format_table(rep: WorkloadReport, shares: Seq[float]) -> str:
     return "\n".join(lines)
 
 
-def plot(reports: list[WorkloadReport], path: str) -> None:
-    """Occupancy per owner over time (mix workload, first geometry) and throughput per policy."""
-    import matplotlib
+def plot(reports: list[WorkloadReport], path: str) -> bool:
+    """Occupancy per owner over time (mix workload, first geometry) and throughput per policy; False
+    (nothing written) when matplotlib is not installed (it comes with the ``bench`` extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -339,6 +343,7 @@ def plot(reports: list[WorkloadReport], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def single_share_table(reports: list[WorkloadReport], shares: Seq[float]) -> str:
@@ -428,11 +433,11 @@ def main(argv: Seq[str] | None = None) -> int:
             reports.append(rep)
             print(format_table(rep, shares) + "\n", flush=True)
     print(single_share_table(reports, shares) + "\n")
-    plot(reports, plot_path)
+    plotted = plot(reports, plot_path)
     speed_m = sum(r.speed_model_s for rep in reports for r in rep.results.values())
     speed_w = sum(r.speed_wall_s for rep in reports for r in rep.results.values())
     speed = f"{speed_m / speed_w:.1f}" if speed_w else f"n/a (no step ran {args.max_num_seqs} requests)"
-    print(f"plot: {plot_path}")
+    print(f"plot: {plot_path}" if plotted else "plot: skipped (matplotlib is not installed: pip install -e .[bench])")
     print(f"simulator speed at {args.max_num_seqs} running requests: {speed} modelled s per wall s "
           f"({speed_m:.1f} modelled s in {speed_w:.1f} wall s); whole run {time.perf_counter() - wall0:.1f} wall s")
     print(summary_line(reports))

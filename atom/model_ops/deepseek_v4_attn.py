@@ -231,14 +231,14 @@ class PagedDeepseekV4Attention:
               pos32: torch.Tensor) -> torch.Tensor:
         """int32 ``[T, index_topk]`` logical entries each query attends (ascending, -1 padded), for every
         query of the step at once over its keys gathered from the arena."""
-        reg = self.index_region
-        width = bucket((step.max_pos + 1) // 4)
-        key_rows = self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=width, ratio=4,
+        reg, ratio = self.index_region, self.ratio  # a CSA layer's: only CSA layers have an indexer
+        width = bucket((step.max_pos + 1) // ratio)
+        key_rows = self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=width, ratio=ratio,
                                            entries_per_block=reg.used_rows, pages_per_chunk=reg.pages_per_chunk,
                                            chunk_rows=reg.chunk_rows)
         scores = self.k.index_score(p.index_q.contiguous(), p.index_w.contiguous(), self.views.index[self.layer],
                                     key_rows, codec=self.views.index_codec)
-        return indexer.select_scores(scores, (step.positions + 1) // 4, self.cfg.index_topk)
+        return indexer.select_scores(scores, (step.positions + 1) // ratio, self.cfg.index_topk)
 
 
 def _values(x: torch.Tensor, rows: torch.Tensor, codec) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 
 import pytest
 
@@ -170,6 +171,7 @@ def test_workloads_are_seeded_and_have_the_documented_shapes():
     assert len(set(sids)) == len(sids)
 
 
+@pytest.mark.slow
 def test_the_quick_cli_run_prints_the_final_line_with_parseable_floats(tmp_path, capsys):
     png = tmp_path / "sim.png"
     assert sim.main(["--quick", "--workloads", "agentic", "sysprompt", "--plot", str(png)]) == 0
@@ -203,3 +205,10 @@ def test_a_session_whose_history_outgrows_the_model_length_ends_there_and_is_cou
     res = sim.run_trace((session,), sim.ARENA, cfg)
     assert res.aborted == 1
     assert 1 <= res.finished < len(session.turns)
+
+
+def test_without_matplotlib_the_plot_is_skipped_and_nothing_is_written(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    path = tmp_path / "sim.png"
+    assert sim.plot([], str(path)) is False
+    assert not path.exists()

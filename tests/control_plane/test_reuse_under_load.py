@@ -11,7 +11,7 @@ def occupancy(h) -> float:
     return (arena.owned_chunks("swa") + arena.owned_chunks("compress")) / arena.layout.num_chunks
 
 
-@pytest.mark.parametrize("target", [0.25, 0.5, 0.9])
+@pytest.mark.parametrize("target", [0.25, 0.5, pytest.param(0.9, marks=pytest.mark.slow)])
 def test_a_repeated_prefix_keeps_hitting_at_25_50_and_90_percent_occupancy(harness, target):
     h = harness(num_chunks=60, budget=256, max_seqs=16, max_model_len=1024, full_retain=True)
     holders = 0

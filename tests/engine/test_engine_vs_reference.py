@@ -41,7 +41,7 @@ def run_recording_logits(engine):
 
 
 @pytest.mark.parametrize("full_retain", [False, True])
-@pytest.mark.parametrize("num_chunks", [200, 5], ids=["roomy", "preempting"])
+@pytest.mark.parametrize("num_chunks", [200, pytest.param(5, marks=pytest.mark.slow)], ids=["roomy", "preempting"])
 def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, reference, full_retain, num_chunks):
     engine = make_engine(num_chunks=num_chunks, full_retain=full_retain)
     n_out = 6 if num_chunks == 200 else 40  # long decodes make running requests grow into each other
@@ -59,6 +59,7 @@ def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, r
         torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
 
 
+@pytest.mark.slow
 def test_the_triton_kernels_give_the_same_greedy_tokens(make_engine, reference):
     engine = make_engine(backend="triton", budget=24)
     prompt = prompts()[4]

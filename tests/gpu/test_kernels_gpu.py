@@ -42,23 +42,6 @@ def gen():
     return torch.Generator().manual_seed(7)
 
 
-def test_swa_write_prefill_equals_the_reference_with_the_fused_c4_stride(gen):
-    from atom.kernels.swa_write import swa_write_prefill, swa_write_prefill_ref
-
-    lens = torch.tensor([700, 1, 129, 4096])
-    cu = torch.cat([torch.zeros(1), lens.cumsum(0)]).to(torch.int32).to(DEV)
-    pos_start = torch.tensor([0, 300, 127, 1000], dtype=torch.int32, device=DEV)
-    tab = table(4, 48, 256, gen)
-    k = torch.randn(int(lens.sum()), D, generator=gen).to(torch.bfloat16).to(DEV)
-    for full in (False, True):
-        a = torch.full((256 * ROW_STRIDE, D), float("nan"), dtype=torch.bfloat16, device=DEV)
-        b = a.clone()
-        kw = dict(block_size=BS, row_stride=ROW_STRIDE, window=WINDOW, full_retain=full)
-        swa_write_prefill(k, a, tab, cu, pos_start, **kw)
-        swa_write_prefill_ref(k, b, tab, cu, pos_start, **kw)
-        assert same_bits(a, b)
-
-
 def test_compressor_state_capture_and_restore_equal_the_references(gen):
     from atom.kernels import compressor_state as cs
 
@@ -115,7 +98,7 @@ def test_hca_accumulator_equals_the_reference_and_is_bit_identical_under_any_spl
 
 @pytest.mark.parametrize("group", ["c4", "hca"])
 def test_index_builders_equal_the_references(group, gen):
-    from atom.kernels.paged_index import build_paged_index, build_paged_index_ref
+    from atom.kernels.paged_index import build_comp_index, build_comp_index_ref, build_window_index, build_window_index_ref
 
     ratio = 4 if group == "c4" else 128
     n = 512
@@ -126,11 +109,12 @@ def test_index_builders_equal_the_references(group, gen):
         vis = ((pos.long() + 1) // ratio).clamp(min=1)
         topk = (torch.rand(n, 512, generator=gen).to(DEV) * vis[:, None]).long().to(torch.int32)
         topk[(pos + 1) // ratio == 0] = -1
-    kw = dict(window=WINDOW, block_size=BS, row_stride=ROW_STRIDE, comp_table=table(8, 64, 1024, gen), topk=topk,
-              comp_width=64, ratio=ratio, pages_per_chunk=7, chunk_rows=224)
-    swa = table(8, 64, 1024, gen)
-    a, b = build_paged_index(group, swa, seqs, pos, **kw), build_paged_index_ref(group, swa, seqs, pos, **kw)
-    assert torch.equal(a.window_idx, b.window_idx) and torch.equal(a.comp_idx, b.comp_idx)
+    kw = dict(width=512 if group == "c4" else 64, ratio=ratio, entries_per_block=BS // ratio, pages_per_chunk=7,
+              chunk_rows=224)
+    win = dict(window=WINDOW, block_size=BS, row_stride=ROW_STRIDE)
+    swa, comp = table(8, 64, 1024, gen), table(8, 64, 1024, gen)
+    assert torch.equal(build_window_index(swa, seqs, pos, **win), build_window_index_ref(swa, seqs, pos, **win))
+    assert torch.equal(build_comp_index(comp, seqs, pos, topk, **kw), build_comp_index_ref(comp, seqs, pos, topk, **kw))
 
 
 @pytest.mark.parametrize("num_tokens", [1, 64])
@@ -157,16 +141,3 @@ def test_fp8_ds_mla_codec_equals_the_reference(gen):
     assert same_bits(fp8_ds_mla_dequantize(got), fp8_ds_mla_dequantize(ref))
 
 
-def test_split_window_index_equals_the_reference(gen):
-    from atom.kernels.extend_index import build_split_window_index, build_split_window_index_ref
-
-    lens, starts = [1000, 3, 4096], [0, 500, 8192]
-    cu = torch.tensor([0, 1000, 1003, 5099], dtype=torch.int32, device=DEV)
-    seqs = torch.cat([torch.full((n,), s, dtype=torch.int32) for s, n in enumerate(lens)]).to(DEV)
-    pos = torch.cat([torch.arange(p, p + n, dtype=torch.int32) for p, n in zip(starts, lens)]).to(DEV)
-    tab = table(3, 128, 512, gen)
-    st = torch.tensor(starts, dtype=torch.int32, device=DEV)
-    kw = dict(window=WINDOW, block_size=BS, row_stride=ROW_STRIDE)
-    a = build_split_window_index(tab, seqs, pos, cu, st, **kw)
-    b = build_split_window_index_ref(tab, seqs, pos, cu, st, **kw)
-    assert torch.equal(a.swa_idx, b.swa_idx) and torch.equal(a.extend_idx, b.extend_idx)

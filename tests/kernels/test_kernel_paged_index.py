@@ -4,8 +4,7 @@ import pytest
 import torch
 from support.kernels import assert_same_bits, i32, random_table
 
-from atom.kernels.paged_index import (build_comp_index, build_comp_index_ref, build_paged_index,
-                                      build_paged_index_ref, build_window_index, build_window_index_ref)
+from atom.kernels.paged_index import build_comp_index, build_comp_index_ref, build_window_index, build_window_index_ref
 
 BS, STRIDE, W = 8, 13, 6
 EPB_HCA, RATIO_HCA = 1, 8  # hca: block 8, ratio 8 -> one entry per block
@@ -116,22 +115,6 @@ def test_triton_comp_index_equals_the_reference(group, gen):
     assert int((ref >= 0).sum()) > 40
 
 
-@pytest.mark.parametrize("group", ["dense", "c4", "hca"])
-def test_triton_paged_index_equals_the_reference_for_every_group(group, gen):
-    swa = random_table(2, 5, 12, gen)
-    comp = random_table(2, 5, 12, gen)
-    seqs, positions = i32([0, 1, 1, 0]), i32([0, 9, 30, 39])
-    ratio = {"dense": None, "c4": 4, "hca": RATIO_HCA}[group]
-    topk = i32([[-1, -1], [0, 1], [6, 2], [9, -1]]) if group == "c4" else None
-    kw = dict(window=W, block_size=BS, row_stride=STRIDE, comp_table=comp, topk=topk, comp_width=5, ratio=ratio,
-              pages_per_chunk=K, chunk_rows=CHUNK_ROWS)
-    got = build_paged_index(group, swa, seqs, positions, **kw)
-    ref = build_paged_index_ref(group, swa, seqs, positions, **kw)
-    assert_same_bits(got.window_idx, ref.window_idx)
-    assert_same_bits(got.comp_idx, ref.comp_idx)
-    assert ref.comp_idx.shape == (4, {"dense": 0, "c4": 2, "hca": 5}[group])
-
-
 COMP = {"triton": build_comp_index, "torch": build_comp_index_ref}
 WINDOW = {"triton": build_window_index, "torch": build_window_index_ref}
 
@@ -168,12 +151,3 @@ def test_window_builder_rejects_bad_arguments(backend, case):
     args.update(change)
     with pytest.raises(ValueError, match=needle):
         WINDOW[backend](**args)
-
-
-def test_paged_index_rejects_topk_for_hca_and_a_missing_group():
-    with pytest.raises(ValueError, match="topk"):
-        build_paged_index_ref("hca", i32([[0]]), i32([0]), i32([0]), window=W, block_size=BS, row_stride=STRIDE,
-                              comp_table=i32([[0]]), topk=i32([[-1]]), comp_width=1, ratio=8, pages_per_chunk=1,
-                              chunk_rows=1)
-    with pytest.raises(ValueError, match="group"):
-        build_paged_index_ref("c128", i32([[0]]), i32([0]), i32([0]), window=W, block_size=BS, row_stride=STRIDE)

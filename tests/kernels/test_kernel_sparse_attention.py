@@ -110,13 +110,13 @@ def test_paged_pipeline_equals_attention_over_contiguous_keys(backend, group, ge
     kern.compressed_write(torch.cat(entries), comp_rows, comp_table, ent_seq, ent_idx, entries_per_block=bs // ratio,
                           pages_per_chunk=k_pages, chunk_rows=chunk_rows)
     topk = _topk_of_visible(pos, ratio, 3, gen) if group == "c4" else None
-    idx = kern.build_paged_index(group, swa_table, seqs, pos, window=window, block_size=bs, row_stride=stride,
-                                 comp_table=comp_table, topk=topk, comp_width=6, ratio=ratio, pages_per_chunk=k_pages,
-                                 chunk_rows=chunk_rows)
+    window_idx = kern.build_window_index(swa_table, seqs, pos, window=window, block_size=bs, row_stride=stride)
+    comp = (None, None) if group == "dense" else (comp_rows, kern.build_comp_index(
+        comp_table, seqs, pos, topk, width=3 if group == "c4" else 6, ratio=ratio, entries_per_block=bs // ratio,
+        pages_per_chunk=k_pages, chunk_rows=chunk_rows))
     q = torch.randn(len(pos), H, D, generator=gen)
     sink = torch.randn(H, generator=gen)
-    comp = (None, None) if group == "dense" else (comp_rows, idx.comp_idx)
-    got = kern.sparse_attention(q, swa_rows, idx.window_idx, *comp, sink, scale=0.25)
+    got = kern.sparse_attention(q, swa_rows, window_idx, *comp, sink, scale=0.25)
     t = 0
     for s, n in enumerate(lens):
         for p in range(n):

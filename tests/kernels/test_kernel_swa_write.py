@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from support.kernels import arena_rows, assert_same_bits, i32, ragged, random_rows, random_table
+from support.kernels import arena_rows, assert_same_bits, i32, random_rows, random_table
 
-from atom.kernels.swa_write import swa_write, swa_write_prefill, swa_write_prefill_ref, swa_write_ref
+from atom.kernels.swa_write import swa_write, swa_write_ref
 
 BS, STRIDE = 8, 13  # row_stride != block_size on purpose (the fused c4 page is taller than a block)
 
@@ -61,43 +61,6 @@ def test_triton_decode_write_equals_the_reference(dtype, gen):
     assert_same_bits(got_buf, ref_buf)
 
 
-@pytest.mark.parametrize("full_retain", [False, True])
-def test_triton_prefill_write_equals_the_reference_on_a_ragged_batch(full_retain, gen):
-    num_pages, width, window = 40, 24, 6
-    lens, starts = [13, 1, 0, 20], [3, 40, 8, 5]  # chunks crossing block and window boundaries
-    cu, pos_start = ragged(lens, starts)
-    table = random_table(4, 8, num_pages, gen)
-    k = random_rows(sum(lens), width, torch.float32, gen)
-    got_buf, got = arena_rows(num_pages * STRIDE, width, torch.float32)
-    ref_buf, ref = arena_rows(num_pages * STRIDE, width, torch.float32)
-    kw = dict(block_size=BS, row_stride=STRIDE, window=window, full_retain=full_retain)
-    swa_write_prefill(k, got, table, cu, pos_start, **kw)
-    swa_write_prefill_ref(k, ref, table, cu, pos_start, **kw)
-    assert_same_bits(got_buf, ref_buf)
-
-
-@pytest.mark.parametrize("full_retain", [False, True])
-def test_prefill_reference_writes_the_window_tail_or_every_token(full_retain, gen):
-    window, lens, starts = 5, [13, 3, 9], [3, 0, 16]
-    cu, pos_start = ragged(lens, starts)
-    table = i32([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]])  # fully backed, so the count is exact
-    k = random_rows(sum(lens), 4, torch.float32, gen)
-    _, rows = arena_rows(12 * STRIDE, 4, torch.float32)
-    _, want = arena_rows(12 * STRIDE, 4, torch.float32)
-    swa_write_prefill_ref(k, rows, table, cu, pos_start, block_size=BS, row_stride=STRIDE, window=window,
-                          full_retain=full_retain)
-    tok, seqs, positions = 0, [], []
-    for s, (n, p0) in enumerate(zip(lens, starts)):
-        for j in range(n):
-            keep = full_retain or j >= n - window
-            seqs.append(s if keep else -1)
-            positions.append(p0 + j)
-            tok += 1
-    naive_swa_write(k, want, table.tolist(), seqs, positions, BS, STRIDE)
-    assert_same_bits(rows, want)
-    assert int((~rows.isnan().all(1)).sum()) == (sum(lens) if full_retain else 5 + 3 + 5)
-
-
 @pytest.mark.parametrize("fn", [swa_write, swa_write_ref])
 def test_a_missing_page_is_skipped_and_never_falls_back_to_page_zero(fn):
     buf, rows = arena_rows(4 * STRIDE, 3, torch.float32)
@@ -146,11 +109,3 @@ def test_wrapper_rejects_a_row_stride_smaller_than_the_block(fn):
     with pytest.raises(ValueError, match="row_stride"):
         fn(args["k"], args["rows"], args["swa_table"], args["seq_idx"], args["positions"], block_size=BS,
            row_stride=BS - 1)
-
-
-@pytest.mark.parametrize("fn", [swa_write_prefill, swa_write_prefill_ref], ids=["triton", "torch"])
-def test_prefill_wrapper_rejects_decreasing_cu_seqlens(fn):
-    _, rows = arena_rows(4 * STRIDE, 8, torch.float32)
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        fn(torch.zeros(4, 8), rows, i32([[0, 1], [2, 3]]), i32([0, 3, 2]), i32([0, 0]), block_size=BS,
-           row_stride=STRIDE, window=4)

@@ -61,6 +61,7 @@ def test_chunks_straddling_window_and_block_boundaries_equal_one_prefill(bi_mode
     assert state_equal(cache, full_cache, bi_model)
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cuts=st.lists(st.integers(1, SEQ - 1), min_size=1, max_size=5, unique=True))
 def test_any_random_split_into_chunks_equals_one_prefill(bi_model, cuts):

@@ -92,6 +92,7 @@ def test_the_hf_dict_round_trips():
     assert DeepseekV4Config.from_hf_dict(json.loads(json.dumps(cfg.to_hf_dict()))) == cfg
 
 
+@pytest.mark.slow
 def test_release_configs_build_on_meta_and_count_the_published_sizes():
     flash = DeepseekV4Config.from_hf_dict(release("flash"))
     model = meta_model(flash)

@@ -30,6 +30,7 @@ def test_variant_chunked_decode_and_restore_equal_one_prefill(name):
     assert torch.equal(model.extend(restored, toks[17:], 17).logits, full[17:])
 
 
+@pytest.mark.slow
 def test_ratio_128_model_compresses_whole_blocks_and_chunks_exactly():
     cfg = DeepseekV4Config.tiny(batch_invariant=True, compress_ratios=(0, 4, 128, 4, 128, 4, 0), window_size=16)
     model = build(cfg, seed=3)

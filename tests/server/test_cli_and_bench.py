@@ -129,6 +129,7 @@ def test_the_readme_run_command_serves_one_request_and_stops_cleanly(model_dir):
     assert proc.returncode == 0, proc.stderr.read()
 
 
+@pytest.mark.slow
 def test_the_stall_scenario_reports_every_attack_with_its_status_and_ratios(server):
     from atom.entrypoints.stall_bench import ATTACKS, format_stall, run_stall_bench
 

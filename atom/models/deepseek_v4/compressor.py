@@ -1,11 +1,12 @@
-"""The KV compressor: ``m`` tokens -> one compressed entry (CSA when m == 4, HCA otherwise).
+"""The KV compressor: ``m`` tokens -> one compressed entry (CSA or HCA by :mod:`atom.kv_group`: m = 4 is CSA).
 
 Contract for the paged engine (every piece is callable on its own):
 
 * ``project(x, positions) -> (kv, score)``: fp32 ``[T, coff*c]`` raw rows per token; ``score`` already includes
   ``ape[pos % m]`` (``project_raw(x)`` gives it without).  ``coff`` = 2 on CSA (overlap), 1 on HCA.  These are
   exactly the rows of the compressor state.
-* State ring: CSA ``[8, 2c]`` indexed by ``pos % 8``; HCA ``[m, c]`` indexed by ``pos % m`` (kv and score rings).
+* State ring (``state_ring_rows(m)`` rows): CSA ``[8, 2c]`` indexed by ``pos % 8``; HCA ``[m, c]`` indexed by
+  ``pos % m`` (kv and score rings).
 * ``entry_sources(ids) -> (positions, col, pad)``: the one statement of which rows are pooled into entries
   ``ids [E]``; ``entry_rows(read, ids) -> (kv, score)`` (``[E, R, c]``) applies it given
   ``read(positions [E, R]) -> full-width (kv, score) rows``, and the engine's ``entry_pool`` kernel takes it.  CSA: ``R = 8`` = the "b" half
@@ -32,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from atom.kv_group import CSA_OVERLAP_ROWS, is_csa, state_ring_rows
+
 from .cache import CompressorState
 from .config import DeepseekV4Config
 from .layers import Linear, RMSNorm
@@ -47,7 +50,7 @@ class Compressor(nn.Module):
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         self.cfg, self.ratio, self.head_dim, self.for_indexer = cfg, ratio, head_dim, for_indexer
-        self.overlap = ratio == 4
+        self.overlap = is_csa(ratio)
         coff = 2 if self.overlap else 1
         self.ape = nn.Parameter(torch.empty(ratio, coff * head_dim, dtype=torch.float32, device=device))
         self.wkv = Linear(cfg.dim, coff * head_dim, dtype=dtype, device=device)
@@ -57,7 +60,7 @@ class Compressor(nn.Module):
 
     @property
     def ring_size(self) -> int:
-        return 2 * self.ratio if self.overlap else self.ratio
+        return state_ring_rows(self.ratio)
 
     def project_raw(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 ``(kv, score)`` before the positional bias (for kernels that add ``ape`` themselves)."""
@@ -77,10 +80,11 @@ class Compressor(nn.Module):
         Row ``r`` of entry ``i`` is columns ``col[r] : col[r] + c`` of the state row at ``positions[e, r]``;
         ``pad`` marks the CSA block ``-1`` (kv 0, score -inf).  CSA: positions ``4i-4 .. 4i+3``, ``col`` 0 (the
         "b" half) for the first 4 rows and ``c`` (the "a" half) for the last 4.  HCA: ``mi .. mi+m-1``, col 0."""
-        if self.overlap:
-            r = torch.arange(8, device=ids.device)
-            pos = 4 * ids[:, None] - 4 + r
-            return pos, torch.where(r < 4, 0, self.head_dim).to(torch.int32), pos < 0
+        if self.overlap:  # the previous window's overlap rows ("b" half), then this window's ("a" half)
+            m, o = self.ratio, CSA_OVERLAP_ROWS
+            r = torch.arange(o + m, device=ids.device)
+            pos = m * ids[:, None] - o + r
+            return pos, torch.where(r < o, 0, self.head_dim).to(torch.int32), pos < 0
         pos = self.ratio * ids[:, None] + torch.arange(self.ratio, device=ids.device)
         return pos, torch.zeros(self.ratio, dtype=torch.int32, device=ids.device), pos < 0
 
