@@ -4,6 +4,7 @@
 * :mod:`sharding`: turning a model built on the meta device into one rank's shard;
 * :mod:`shard_loader`: loading only a rank's slices from safetensors files;
 * :mod:`process_group`: process-group set-up for spawned workers and for ``torchrun``;
+* :mod:`launch`: the ranks ``torchrun`` starts (``--distributed-executor-backend external_launcher``);
 * :mod:`worker`: the loop of a model worker (rank > 0);
 * :mod:`executor`: rank 0's runner, which broadcasts each step's batch and watches the workers.
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from atom.bench.load import synthetic_tensors
 from atom.comm import Comm
-from atom.models.deepseek_v4.checkpoint import CheckpointError, load_checkpoint, random_state_dict, save_checkpoint
+from atom.models.deepseek_v4.checkpoint import (CheckpointError, hf_config, load_checkpoint, random_state_dict,
+                                                save_checkpoint, write_checkpoint)
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.models.deepseek_v4.make_tiny_checkpoint import make_tiny_checkpoint
 from atom.models.deepseek_v4.quant import dequantize_fp8_weight, dequantize_mxfp4_weight
@@ -116,8 +118,7 @@ def test_an_fp8_split_on_whole_blocks_holds_half_the_block_scales(tmp_path):
 
 def test_with_quant_sim_a_split_whose_inputs_do_not_tile_the_fp8_input_blocks_is_refused(tmp_path):
     cfg = TINY.replace(moe_inter_dim=192)  # w2: 96 MXFP4 inputs per rank (3 groups) against FP8 input blocks of 64
-    save_checkpoint(tmp_path, cfg, random_state_dict(cfg), fp4_experts=True)
+    write_checkpoint(tmp_path, hf_config(cfg, fp8=True, fp4_experts=True), synthetic_tensors(cfg))  # headers matter
     plan = ShardPlan(1, 2, True, False, TINY.n_routed_experts)
-    load_sharded_checkpoint(tmp_path, plan, Comm(1, 2, NOT_USED))  # without quant_sim there are no input blocks
     with pytest.raises(CheckpointError, match=r"experts\.0\.w2: each rank's 96 inputs of 192 do not tile the 64-wide"):
         check_shardable(tmp_path, plan, quant_sim=True)
