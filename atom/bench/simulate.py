@@ -173,7 +173,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
             t = pending[0][0] if pending else t
             continue
         w0 = time.perf_counter()
-        pressure0 = bm.comp.num_evictions + bm.swa.pool.num_evictions + sched.num_preemptions
+        pressure0 = bm.comp.pool.num_evictions + bm.swa.pool.num_evictions + sched.num_preemptions
         step = engine.step_detailed()
         wall_step = time.perf_counter() - w0
         for out in step.outputs:
@@ -206,7 +206,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
         used_state = bm.arena.num_used(STATE) * cost[STATE]
         util = (used_swa + used_comp + used_state) / budget
         util_area += util * dt
-        if bm.comp.num_evictions + bm.swa.pool.num_evictions + sched.num_preemptions > pressure0:
+        if bm.comp.pool.num_evictions + bm.swa.pool.num_evictions + sched.num_preemptions > pressure0:
             util_pressure_area += util * dt
             res.pressure_s += dt
         if running == cfg.max_num_seqs:
@@ -240,7 +240,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
     c = bm.counters
     res.counters = {"queries": c.queries, "hits": c.hits, "lost_evicted": c.lost_to_evicted_kv,
                     "lost_swa": c.lost_to_swa_window, "lost_csa": c.lost_to_csa_state}
-    res.evictions = bm.comp.num_evictions + bm.swa.pool.num_evictions
+    res.evictions = bm.comp.pool.num_evictions + bm.swa.pool.num_evictions
     stride = max(1, len(raw_series) // series_points)
     res.series = raw_series[::stride]
     return res

@@ -132,6 +132,62 @@ class ChunkBackedFreeList:
         self._num_used += 1
         return chunk * self.pages_per_chunk + local
 
+    def pop_many(self, n: int) -> list[int]:
+        """``n`` pages, the same choice as ``n`` calls of :meth:`pop` (fullest chunk first), taken a
+        chunk at a time. The caller checked they fit (:class:`ArenaEmpty` part-way otherwise)."""
+        out: list[int] = []
+        ppc = self.pages_per_chunk
+        while len(out) < n:
+            chunk = self._fullest_partial_chunk()
+            if chunk is None:
+                chunk = self.arena.acquire()
+                self._free_local[chunk] = list(range(ppc - 1, -1, -1))
+                used = 0
+            else:
+                used = self.used_in_chunk(chunk)
+                del self._by_used[used][chunk]
+            free_local = self._free_local[chunk]
+            k = min(n - len(out), len(free_local))
+            base = chunk * ppc
+            out += [base + local for local in reversed(free_local[-k:])]
+            del free_local[-k:]
+            if used + k < ppc:
+                self._by_used[used + k][chunk] = None
+            self._num_used += k
+        return out
+
+    def free_many(self, pages: list[int]) -> None:
+        """:meth:`free` of each page, grouped by chunk (each chunk's buckets move once)."""
+        if len(pages) < 4:
+            for page in pages:
+                self.free(page)
+            return
+        ppc, by_chunk = self.pages_per_chunk, {}
+        for page in pages:
+            chunk = page // ppc
+            members = by_chunk.get(chunk)
+            if members is None:
+                by_chunk[chunk] = [page - chunk * ppc]
+            else:
+                members.append(page - chunk * ppc)
+        for chunk, locals_ in by_chunk.items():
+            free_local = self._free_local.get(chunk)
+            if free_local is None:
+                raise ArenaError(f"{self.name}: pages {locals_} of chunk {chunk}, which this owner does not hold")
+            if len(set(locals_)) != len(locals_) or not set(free_local).isdisjoint(locals_):
+                raise ArenaError(f"{self.name}: a page of chunk {chunk} freed twice")
+            used = ppc - len(free_local)
+            if used < ppc:
+                del self._by_used[used][chunk]
+            free_local += locals_
+            self._num_used -= len(locals_)
+            used -= len(locals_)
+            if used == 0:
+                del self._free_local[chunk]
+                self.arena.release(chunk)
+            else:
+                self._by_used[used][chunk] = None
+
     def free(self, page: int) -> None:
         """Return one page; the chunk goes back to the arena when all its pages are free."""
         chunk, local = divmod(page, self.pages_per_chunk)

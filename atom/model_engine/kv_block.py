@@ -1,61 +1,40 @@
-"""A logical KV block and the chained block hash.
+"""The chained block hash and the exact key of a block's tokens.
 
-A block covers ``block_size`` consecutive token positions of a sequence. Its hash chains the hash of
-the block before it with this block's token ids (xxhash64), so equal hashes mean equal prefixes; the
-stored token ids are compared on every hit anyway, so a hash collision can never serve wrong KV.
+A block covers ``block_size`` consecutive token positions of a sequence. Its key is the block's
+token ids as packed int64 bytes; its hash is xxhash64 of that key seeded with the previous block's
+hash, so equal hashes mean equal prefixes with overwhelming probability. The hash only *finds* a
+candidate: a hit is verified exactly (the candidate's parent is the block accepted just before and
+its key equals the query's, see :mod:`atom.model_engine.prefix_index`), so a hash collision can
+never serve KV computed under another prefix.
+
+Both are computed once per block per request (``Sequence.hashes_upto``) from one packing of the
+token ids, with no per-block tuple of Python ints.
 """
 
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["Block", "hash_block", "chain_hashes"]
+__all__ = ["chain_hashes", "ROOT_SEED"]
 
-
-def hash_block(prev_hash: int | None, token_ids: Sequence[int]) -> int:
-    """xxhash64 of (previous block's hash, this block's token ids)."""
-    import xxhash  # a declared dependency; imported here so the control plane imports on the stdlib alone
-
-    h = xxhash.xxh64()
-    if prev_hash is not None:
-        h.update(prev_hash.to_bytes(8, "little"))
-    h.update(array("q", token_ids).tobytes())
-    return h.intdigest()
+ROOT_SEED = 0  # the seed of block 0's hash (no previous block)
 
 
 def chain_hashes(token_ids: Sequence[int], block_size: int, num_blocks: int,
-                 prev: Sequence[int] = ()) -> list[int]:
-    """Hashes of the first ``num_blocks`` full blocks, reusing ``prev`` (already computed ones)."""
-    out = list(prev[:num_blocks])
-    for j in range(len(out), num_blocks):
-        out.append(hash_block(out[-1] if out else None, token_ids[j * block_size:(j + 1) * block_size]))
-    return out
+                 hashes: list[int], keys: list[bytes]) -> None:
+    """Extend ``hashes`` and ``keys`` (the first blocks, already computed) to ``num_blocks`` full blocks."""
+    import xxhash  # a declared dependency; imported here so the control plane imports on the stdlib alone
 
-
-@dataclass(slots=True)
-class Block:
-    """One logical block id of a pool.
-
-    ``ref_count`` counts sequences holding it (plus one for a retention pin); ``block_hash`` and
-    ``token_ids`` are set while it is published in the prefix cache. A block in the pool's vacant
-    list has ref 0, no hash and no arena page. ``state_captured`` (SWA blocks only) records that the
-    fused CSA boundary state of this block was written.
-    """
-
-    block_id: int
-    ref_count: int = 0
-    block_hash: int | None = None
-    token_ids: tuple[int, ...] | None = None
-    state_captured: bool = False
-    index: int = -1  # block index in its prompt while published (SWA blocks: what a hit there unlocks)
-    cached_at: int = 0  # the pool's cache clock when it was last cached (its age for eviction)
-
-    def reset(self) -> None:
-        """Back to a clean, vacant state (ref 0: ATOM's reset to ref 1 crashed on reuse)."""
-        self.ref_count = 0
-        self.block_hash = None
-        self.token_ids = None
-        self.state_captured = False
-        self.index = -1
+    start = len(hashes)
+    if start >= num_blocks:
+        return
+    step = block_size * 8
+    packed = array("q", token_ids[start * block_size:num_blocks * block_size]).tobytes()
+    digest = xxhash.xxh64_intdigest
+    prev = hashes[-1] if hashes else ROOT_SEED
+    for off in range(0, len(packed), step):
+        key = packed[off:off + step]
+        prev = digest(key, prev)
+        hashes.append(prev)
+        keys.append(key)

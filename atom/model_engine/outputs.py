@@ -2,7 +2,8 @@
 
 Per-request page tables live on the runner side and are kept current by deltas: a request's full
 tables are shipped once (``new_tables``, when it is admitted), then only the entries that changed
-(``table_updates``), so a step's size does not grow with context length. Every table entry is a
+(``table_updates``, one per run of consecutive entries that changed), so a step's size does not
+grow with context length. Every table entry is a
 physical page or -1 (no page: out of window, never materialised); kernels skip -1, never fall back
 to page 0.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from atom.model_engine.page_map import Owner
 from atom.model_engine.request_output import TokenLogprobs
 from atom.sampling_params import SamplingParams
 
@@ -29,7 +31,6 @@ class ScheduledSeq:
     state_slot: int
     state_reset: bool  # first step after admission: clear the slot (kv 0, score -inf) before use
     restore_page: int  # physical SWA page whose CSA boundary state seeds the slot (prefix hit), or -1
-    capture_pages: tuple[tuple[int, int], ...]  # (block index, physical SWA page) whose last 4 rows run now
     params: SamplingParams
     # (prompt ids, output ids) on the first step after admission when the params edit logits from the
     # history (penalties, min_tokens); None otherwise, so a step's size does not grow with the context
@@ -55,12 +56,13 @@ class ScheduledSeq:
 
 @dataclass(frozen=True, slots=True)
 class TableUpdate:
-    """Entry ``index`` of request ``seq_id``'s ``owner`` table ("swa" / "compress") is now ``page``."""
+    """Entries ``index .. index+len(pages)-1`` of request ``seq_id``'s ``owner`` table
+    (``Owner.SWA`` / ``Owner.COMPRESS``) are now ``pages`` (-1: no page)."""
 
     seq_id: int
-    owner: str
+    owner: Owner
     index: int
-    page: int
+    pages: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,15 +8,24 @@ they differ only in where a page's memory comes from, which subclasses say throu
 
 from __future__ import annotations
 
+import enum
 from typing import Iterable, Sequence
 
 from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError
 
-__all__ = ["SWA", "COMPRESS", "STATE", "OWNERS", "LogicalPageMap"]
+__all__ = ["Owner", "SWA", "COMPRESS", "STATE", "OWNERS", "LogicalPageMap"]
 
-SWA = "swa"
-COMPRESS = "compress"
-STATE = "state"  # one page per admitted request: its live compressor state (logical id = seq id)
+
+class Owner(enum.StrEnum):
+    """Who a page of the arena belongs to. A ``StrEnum``: each member equals its value string, so it
+    also works as a dict key or keyword argument (``alloc(swa=...)``)."""
+
+    SWA = "swa"  # one B-token block of raw SWA rows of every layer (+ the CSA boundary state)
+    COMPRESS = "compress"  # one B-token block of compressed rows (+ indexer keys) of every compressed layer
+    STATE = "state"  # one admitted request's live compressor state (logical id = its seq id)
+
+
+SWA, COMPRESS, STATE = Owner.SWA, Owner.COMPRESS, Owner.STATE
 OWNERS = (SWA, COMPRESS, STATE)
 
 
@@ -49,6 +58,14 @@ class LogicalPageMap:
 
     def _give_back(self, owner: str, page: int) -> None:
         raise NotImplementedError
+
+    def _take_pages(self, owner: str, n: int) -> list[int]:
+        """``n`` pages of ``owner`` (room was checked); arenas with a batched allocator override it."""
+        return [self._take_page(owner) for _ in range(n)]
+
+    def _give_back_pages(self, owner: str, pages: list[int]) -> None:
+        for page in pages:
+            self._give_back(owner, page)
 
     # ---- shared -------------------------------------------------------------------------------
     def page(self, owner: str, lid: int) -> int:
@@ -83,14 +100,29 @@ class LogicalPageMap:
                 out[owner].append(page)
         return out
 
+    def alloc_ids(self, owner: str, lids: list[int]) -> list[int]:
+        """Pages for fresh logical ids of one owner (the block pools' batched path), all or nothing:
+        :class:`ArenaEmpty` (changing nothing) when they do not fit. The ids are the pool's vacant
+        ones, so they are not checked one by one (``check_integrity`` does)."""
+        n = len(lids)
+        counts = {SWA: 0, COMPRESS: 0, STATE: 0}
+        counts[owner] = n
+        if not self.can_alloc(counts[SWA], counts[COMPRESS], counts[STATE]):
+            raise ArenaEmpty(self._shortfall(counts[SWA], counts[COMPRESS], counts[STATE]))
+        pages = self._take_pages(owner, n)
+        self._phys[owner].update(zip(lids, pages))
+        return pages
+
     def free(self, owner: str, lids: Iterable[int]) -> None:
         """Return the pages of these logical ids (each must be backed)."""
         phys = self._phys[owner]
+        pages = []
         for lid in lids:
             page = phys.pop(lid, None)
             if page is None:
                 raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
-            self._give_back(owner, page)
+            pages.append(page)
+        self._give_back_pages(owner, pages)
 
     def _check_maps(self) -> None:
         for owner, phys in self._phys.items():

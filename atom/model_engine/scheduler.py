@@ -36,11 +36,10 @@ from __future__ import annotations
 from collections import deque
 
 from atom.config import SchedulerConfig
-from atom.kv_group import CSA_OVERLAP_ROWS
 from atom.model_engine.block_manager import BlockManager
 from atom.model_engine.chunk_arena import ArenaEmpty
 from atom.model_engine.draft_source import DraftSource
-from atom.model_engine.outputs import NewTables, RunnerOutput, ScheduledBatch, ScheduledSeq
+from atom.model_engine.outputs import RunnerOutput, ScheduledBatch, ScheduledSeq
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.model_engine.spec_counters import SpecCounters
 
@@ -221,26 +220,23 @@ class Scheduler:
 
     def _build_output(self, work: dict[int, int], admitted: list[Sequence]) -> ScheduledBatch:
         released, self._released = tuple(self._released), []
-        skip = {s.seq_id for s in admitted}.union(released)  # full tables sent / tables dropped
-        updates = tuple(u for u in self.bm.take_updates() if u.seq_id not in skip)
-        for u in updates:  # every other delta must reach the runner, scheduled this step or not
-            seq = self.by_id.get(u.seq_id)
-            assert seq is not None and seq.status is SequenceStatus.RUNNING, f"table update of unknown request {u}"
+        dropped = set(released)  # requests whose runner tables are dropped this step: their deltas are moot
+        updates = tuple(u for u in self.bm.take_updates() if u.seq_id not in dropped)
+        for u in updates:  # every other delta reaches the runner, scheduled this step or not
+            h = self.bm.holdings.get(u.seq_id)
+            assert h is not None and h.shipped, f"table update of a request the runner has no tables for: {u}"
+        new_tables = tuple(self.bm.ship_tables(s.seq_id) for s in admitted)
         seqs = tuple(self._scheduled_seq(self.by_id[sid], n, self._drafts.pop(sid, ())) for sid, n in work.items())
-        new_tables = tuple(NewTables(s.seq_id, tuple(s.comp_pages), tuple(s.swa_pages)) for s in admitted)
         return ScheduledBatch(self.step_count, seqs, new_tables, updates, released)
 
     def _scheduled_seq(self, seq: Sequence, n: int, drafts: tuple[int, ...]) -> ScheduledSeq:
-        start, b = seq.num_computed_tokens, self.block_size
+        start, h = seq.num_computed_tokens, self.bm.holdings[seq.seq_id]
         n -= len(drafts)
-        capture = tuple((j, seq.swa_pages[j]) for j in range(start // b, (start + n - 1) // b + 1)
-                        if (j + 1) * b - CSA_OVERLAP_ROWS < start + n and (j + 1) * b - 1 >= start)
         history = None
-        if seq.state_fresh and seq.params.needs_history:  # once per admission: the sampler's penalty state
+        if h.state_fresh and seq.params.needs_history:  # once per admission: the sampler's penalty state
             history = (tuple(seq.token_ids[: seq.num_prompt_tokens]), tuple(seq.output_token_ids))
         return ScheduledSeq(seq.seq_id, start, tuple(seq.token_ids[start:start + n]) + drafts, start + n == len(seq),
-                            seq.state_slot, seq.state_fresh, seq.restore_page, capture, seq.params, history,
-                            len(drafts))
+                            h.state_slot, h.state_fresh, h.restore_page, seq.params, history, len(drafts))
 
     # ---- after the runner ---------------------------------------------------------------------
     def postprocess(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:
@@ -308,4 +304,4 @@ class Scheduler:
     def check_integrity(self) -> None:
         self.bm.check_integrity(self.running)
         assert all(s.status is SequenceStatus.RUNNING for s in self.running)
-        assert all(s.status is SequenceStatus.WAITING and not s.comp_blocks for s in self.waiting)
+        assert all(s.status is SequenceStatus.WAITING and s.seq_id not in self.bm.holdings for s in self.waiting)

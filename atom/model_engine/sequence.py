@@ -1,14 +1,10 @@
-"""A request as the scheduler sees it: tokens, progress, and the KV blocks it holds.
+"""A request as the scheduler sees it: its tokens and its progress.
 
-Regions of a sequence of ``n`` tokens (prompt + generated), with block size B and window W::
-
-    positions  0 ............................ computed ........... n
-               |<-- KV written (cached or run) -->|<-- to run ------>|
-    compressed [ b0 ][ b1 ] ... [ b_k ]                 one block per B positions, held to the end
-    swa        [ -1 ][ -1 ] ... [ tail blocks ]         blocks before (computed - W + 1) released
-
-``comp_blocks`` / ``swa_blocks`` are logical ids (-1 = not held); ``comp_pages`` / ``swa_pages`` are
-the physical pages, kept in step with them so the runner's tables are updated by deltas only.
+Everything the KV arena lends a request (compressed and SWA block tables, the state page, the
+restore source, how far its blocks are published) is the block manager's
+(:class:`~atom.model_engine.kv_holdings.KvHoldings`), never the sequence's. What the sequence keeps
+beside its tokens is derived from them alone: the chained block hashes and exact block keys
+(:mod:`atom.model_engine.kv_block`), computed once per block.
 """
 
 from __future__ import annotations
@@ -50,7 +46,7 @@ _ids = itertools.count()
 
 
 class Sequence:
-    """One request's token ids, progress and block tables."""
+    """One request's token ids and progress."""
 
     def __init__(self, token_ids: list[int], params: SamplingParams, block_size: int,
                  seq_id: int | None = None, arrival: float = 0.0) -> None:
@@ -65,24 +61,11 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
-        self.block_hashes: list[int] = []
+        self.block_hashes: list[int] = []  # chained hash of each full block computed so far
+        self.block_keys: list[bytes] = []  # each full block's token ids, packed (exact hit check)
         self.stats = PrefixStats(prompt_tokens=len(token_ids))
         self.num_preemptions = 0
         self.error: str | None = None
-        self.reset_blocks()
-
-    def reset_blocks(self) -> None:
-        """Forget every held block (after they were released)."""
-        self.comp_blocks: list[int] = []
-        self.comp_pages: list[int] = []
-        self.swa_blocks: list[int] = []
-        self.swa_pages: list[int] = []
-        self.swa_released_upto = 0
-        self.published_upto = 0
-        self.retain_boundaries: tuple[int, ...] = ()  # block boundaries whose SWA window outlives the window
-        self.state_slot = -1
-        self.state_fresh = False
-        self.restore_page = -1
 
     # ---- tokens -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -105,14 +88,13 @@ class Sequence:
     def in_prefill(self) -> bool:
         return self.num_computed_tokens < self.num_prompt_tokens
 
-    def block_tokens(self, j: int) -> tuple[int, ...]:
-        return tuple(self.token_ids[j * self.block_size:(j + 1) * self.block_size])
-
     def hashes_upto(self, num_blocks: int) -> list[int]:
-        """Chained hashes of the first ``num_blocks`` full blocks (computed once, then reused)."""
+        """The chained hashes of at least the first ``num_blocks`` full blocks (computed once, then
+        reused; the list itself, not a copy: callers read only its first ``num_blocks`` entries).
+        ``block_keys`` is extended alongside."""
         if len(self.block_hashes) < num_blocks:
-            self.block_hashes = chain_hashes(self.token_ids, self.block_size, num_blocks, self.block_hashes)
-        return self.block_hashes[:num_blocks]
+            chain_hashes(self.token_ids, self.block_size, num_blocks, self.block_hashes, self.block_keys)
+        return self.block_hashes
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from atom.model_engine.page_map import STATE, LogicalPageMap
 
 if TYPE_CHECKING:
-    from atom.model_engine.sequence import Sequence
+    from atom.model_engine.kv_holdings import KvHoldings
 
 __all__ = ["StatePages"]
 
@@ -34,25 +34,25 @@ class StatePages:
     def num_held(self) -> int:
         return len(self._held)
 
-    def pages_needed(self, seq: Sequence) -> int:
+    def pages_needed(self, h: KvHoldings) -> int:
         """1 for a request that needs a state page and has none yet, else 0."""
-        return int(self.has_state and seq.state_slot < 0)
+        return int(self.has_state and h.state_slot < 0)
 
-    def take(self, seq: Sequence) -> None:
-        """Give ``seq`` its state page; the caller made room (:class:`ArenaEmpty` if it did not)."""
-        assert seq.seq_id not in self._held, f"seq {seq.seq_id} already holds state page {self._held[seq.seq_id]}"
-        seq.state_slot = self.arena.alloc(state=[seq.seq_id])[STATE][0]
-        self._held[seq.seq_id] = seq.state_slot
+    def take(self, h: KvHoldings) -> None:
+        """Give the request its state page; the caller made room (:class:`ArenaEmpty` if it did not)."""
+        assert h.seq_id not in self._held, f"seq {h.seq_id} already holds state page {self._held[h.seq_id]}"
+        h.state_slot = self.arena.alloc(state=[h.seq_id])[STATE][0]
+        self._held[h.seq_id] = h.state_slot
 
-    def give_back(self, seq: Sequence) -> None:
-        if seq.state_slot < 0:
+    def give_back(self, h: KvHoldings) -> None:
+        if h.state_slot < 0:
             return
-        assert self._held.pop(seq.seq_id, None) == seq.state_slot, f"seq {seq.seq_id}: state page not held"
-        self.arena.free(STATE, [seq.seq_id])
-        seq.state_slot = -1
+        assert self._held.pop(h.seq_id, None) == h.state_slot, f"seq {h.seq_id}: state page not held"
+        self.arena.free(STATE, [h.seq_id])
+        h.state_slot = -1
 
-    def check_integrity(self, seqs: list[Sequence]) -> None:
-        held = {s.seq_id: s.state_slot for s in seqs if s.state_slot >= 0}
+    def check_integrity(self, holdings: list[KvHoldings]) -> None:
+        held = {h.seq_id: h.state_slot for h in holdings if h.state_slot >= 0}
         assert held == self._held, f"state pages held {held} vs recorded {self._held}"
         for sid, page in held.items():
             assert self.arena.page(STATE, sid) == page, f"seq {sid}: stale state page"

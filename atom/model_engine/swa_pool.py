@@ -1,13 +1,15 @@
 """SlidingWindowPool: paged, content-addressed SWA blocks with window freeing and retention pins.
 
 An SWA block holds the raw KV rows of ``block_size`` positions for every layer, plus the fused CSA
-boundary state of that block (captured from the compressor while its last 4 positions ran). Its
-hash is the same chained hash as the compressed block at the same index.
+boundary state of that block (captured from the compressor while its last 4 positions ran). It is
+published at the same prefix node as the compressed block at the same index.
 
 Rules (the full statement, with examples, is ``docs/prefix_cache.md``):
 
 - Every block a step touches gets a page before the step; all its rows are written by the step.
-  A block is published only once **all** ``block_size`` rows are written (``publish_full``).
+  A block is published only once **all** ``block_size`` rows are written (``publish_full``), and
+  only if it outlives the step (a block that leaves the window in the same step and is not kept
+  would be evicted at once).
 - After a step, blocks that no query will read again (``(j+1)*B <= computed - W + 1``) are released.
   Default mode keeps cached only the blocks the request got from the cache and the windows before its
   prompt's last block boundary (where a repeat of the prompt resumes) and before a shared-prefix
@@ -27,33 +29,32 @@ Rules (the full statement, with examples, is ``docs/prefix_cache.md``):
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Sequence
 
+from atom.config import CacheConfig
 from atom.model_engine.block_pool import BlockPool
-from atom.model_engine.unified_kv_arena import SWA, UnifiedKvArena
-
-if TYPE_CHECKING:
-    from atom.model_engine.sequence import Sequence as Seq
+from atom.model_engine.kv_holdings import KvHoldings
+from atom.model_engine.page_map import SWA, LogicalPageMap
+from atom.model_engine.prefix_index import PrefixIndex, PrefixNode
 
 __all__ = ["SlidingWindowPool"]
 
 
 class SlidingWindowPool:
-    """SWA block bookkeeping for all sequences. Pure policy over a :class:`BlockPool`."""
+    """SWA block bookkeeping for all requests. Pure policy over a :class:`BlockPool`."""
 
-    def __init__(self, arena: UnifiedKvArena, window: int, full_retain: bool, retention_interval: int,
-                 max_pins: int, needs_state: bool) -> None:
-        lay = arena.layout
-        self.pool = BlockPool(SWA, arena, lay.max_swa_pages)
-        self.block_size = lay.spec.block_size
+    def __init__(self, arena: LogicalPageMap, index: PrefixIndex, num_ids: int, block_size: int, window: int,
+                 tail_blocks: int, cache: CacheConfig, max_pins: int, needs_state: bool, has_compressed: bool) -> None:
+        self.pool = BlockPool(SWA, arena, index, num_ids)
+        self.block_size = block_size
         self.window = window
-        self.tail_blocks = lay.spec.tail_blocks
-        self.full_retain = full_retain
-        self.retention_interval = retention_interval
+        self.tail_blocks = tail_blocks
+        self.full_retain = cache.swa_full_retain
+        self.retention_interval = cache.swa_retention_interval
         self.max_pins = max_pins
         self.needs_state = needs_state
+        self.has_compressed = has_compressed
         self._pins: OrderedDict[int, None] = OrderedDict()
-        self.compressed_published: Callable[[int], bool] = lambda block_hash: False
         self.pool.unlock_tokens = self.unlock_tokens
 
     def unlock_tokens(self, bid: int) -> int:
@@ -62,119 +63,124 @@ class SlidingWindowPool:
         that compressed block is gone, or, with CSA layers, its boundary state was never captured).
         Eviction weighs it against age, so a window that unlocks a long cached document outlives
         windows that unlock nothing."""
-        block = self.pool.blocks[bid]
-        if block.block_hash is None or block.index < 0 or not self.compressed_published(block.block_hash):
+        node = self.pool.node[bid]
+        if node is None or not self.has_compressed or node.comp < 0:
             return 0
-        if self.needs_state and not block.state_captured:
+        if self.needs_state and not self.pool.captured[bid]:
             return 0
-        return (block.index + 1) * self.block_size
-        self.on_table_change: Callable[[Seq, int, int], None] = lambda seq, idx, page: None
+        return (node.depth + 1) * self.block_size
 
     # ---- prefix hits --------------------------------------------------------------------------
-    def window_cached(self, hashes: Sequence[int], tokens: Callable[[int], tuple[int, ...]], boundary: int,
-                      need_state: bool) -> bool:
-        """Whether the SWA blocks before block ``boundary`` that its window needs are all cached
-        (and, with ``need_state``, carry a captured CSA boundary state in the last one)."""
-        for j in range(max(0, boundary - self.tail_blocks), boundary):
-            bid = self.pool.lookup(hashes[j], tokens(j))
-            if bid is None:
-                return False
-            if need_state and j == boundary - 1 and not self.pool.blocks[bid].state_captured:
-                return False
-        return True
+    def bounded_hit(self, chain: Sequence[PrefixNode], limit: int) -> tuple[int, int]:
+        """(largest boundary <= ``limit`` whose trailing window blocks are all cached, the same also
+        requiring the captured CSA state in the block before it). Both 0 when nothing qualifies
+        (recompute from the start). One pass over the chain."""
+        tail, captured = self.tail_blocks, self.pool.captured
+        window_only = with_state = run = 0
+        for b in range(1, limit + 1):
+            bid = chain[b - 1].swa
+            run = run + 1 if bid >= 0 else 0
+            if run >= min(tail, b):
+                window_only = b
+                if not self.needs_state or captured[bid]:
+                    with_state = b
+        return window_only, (with_state if self.needs_state else window_only)
 
-    def bounded_hit(self, hashes: Sequence[int], tokens: Callable[[int], tuple[int, ...]],
-                    limit: int) -> tuple[int, int]:
-        """(largest boundary <= ``limit`` whose window is cached, the same also requiring the CSA
-        state). Both are 0 when nothing qualifies (recompute from the start)."""
-        window_only = next((b for b in range(limit, 0, -1) if self.window_cached(hashes, tokens, b, False)), 0)
-        if not self.needs_state:
-            return window_only, window_only
-        with_state = next((b for b in range(window_only, 0, -1) if self.window_cached(hashes, tokens, b, True)), 0)
-        return window_only, with_state
-
-    def claim_hit(self, seq: Seq, boundary: int) -> None:
-        """Give ``seq`` the trailing window blocks of a hit at ``boundary`` (earlier blocks: -1)."""
+    def claim_hit(self, h: KvHoldings, chain: Sequence[PrefixNode], boundary: int) -> None:
+        """Give the request the trailing window blocks of a hit at ``boundary`` (earlier: -1)."""
         first = max(0, boundary - self.tail_blocks)
-        seq.swa_blocks = [-1] * first
-        seq.swa_pages = [-1] * first
-        for j in range(first, boundary):
-            bid = self.pool.lookup(seq.block_hashes[j], seq.block_tokens(j))
-            assert bid is not None, "claim_hit on a boundary that bounded_hit did not allow"
+        ids = [chain[j].swa for j in range(first, boundary)]
+        for bid in ids:
+            assert bid >= 0, "claim_hit on a boundary that bounded_hit did not allow"
             self.pool.claim(bid)
             if bid in self._pins:
                 self._pins.move_to_end(bid)
-            seq.swa_blocks.append(bid)
-            seq.swa_pages.append(self.pool.page(bid))
-        seq.swa_released_upto = first
-        seq.restore_page = seq.swa_pages[boundary - 1] if (self.needs_state and boundary) else -1
+        h.write(SWA, first, ids, [self.pool.pages[bid] for bid in ids])
+        h.swa_released_upto = first
+        h.restore_page = h.swa.pages[boundary - 1] if (self.needs_state and boundary) else -1
 
     # ---- per step -----------------------------------------------------------------------------
-    def pages_needed(self, seq: Seq, num_new: int) -> int:
-        """New SWA pages the next ``num_new`` positions of ``seq`` need."""
-        first, last = self._step_blocks(seq, num_new)
-        return sum(1 for j in range(first, last + 1) if j >= len(seq.swa_blocks) or seq.swa_blocks[j] < 0)
+    def pages_needed(self, h: KvHoldings, start: int, num_new: int) -> int:
+        """New SWA pages positions ``start .. start+num_new-1`` need."""
+        first, last = start // self.block_size, (start + num_new - 1) // self.block_size
+        blocks, held = h.swa.blocks, len(h.swa.blocks)
+        if first >= held:
+            return last - first + 1
+        return sum(1 for j in range(first, min(last + 1, held)) if blocks[j] < 0) + max(0, last + 1 - held)
 
-    def ensure(self, seq: Seq, num_new: int) -> None:
-        """Back every block the next ``num_new`` positions touch (room was made by the caller)."""
-        first, last = self._step_blocks(seq, num_new)
-        missing = [j for j in range(first, last + 1) if j >= len(seq.swa_blocks) or seq.swa_blocks[j] < 0]
-        for j, bid in zip(missing, self.pool.allocate(len(missing))):
-            while len(seq.swa_blocks) <= j:
-                seq.swa_blocks.append(-1)
-                seq.swa_pages.append(-1)
-            seq.swa_blocks[j] = bid
-            seq.swa_pages[j] = self.pool.page(bid)
-            self.on_table_change(seq, j, seq.swa_pages[j])
+    def ensure(self, h: KvHoldings, start: int, num_new: int) -> None:
+        """Back every block positions ``start ..`` touch (room was made by the caller)."""
+        first, last = start // self.block_size, (start + num_new - 1) // self.block_size
+        blocks = h.swa.blocks
+        if first >= len(blocks):  # the usual case: every block is new, one run
+            ids, pages = self.pool.allocate(last - first + 1)
+            h.write(SWA, first, ids, pages)
+            return
+        missing = [j for j in range(first, last + 1) if j >= len(blocks) or blocks[j] < 0]
+        ids, pages = self.pool.allocate(len(missing))
+        for j, bid, page in zip(missing, ids, pages):
+            h.write(SWA, j, [bid], [page])
 
-    def publish_full(self, seq: Seq, first_block: int, end_block: int) -> None:
-        """Publish blocks ``first_block .. end_block-1`` of ``seq`` (all rows written, state captured)."""
-        for j in range(first_block, end_block):
-            bid = seq.swa_blocks[j]
-            if bid < 0:
+    def publish_full(self, h: KvHoldings, nodes: Sequence[PrefixNode], first_block: int, computed: int,
+                     num_prompt_tokens: int) -> None:
+        """Publish blocks ``first_block ..`` at ``nodes`` (all rows written, state captured), except
+        those that leave the window now and would not be kept (they are freed at once)."""
+        blocks, pool = h.swa.blocks, self.pool
+        gone = min(self._window_start(computed), first_block + len(nodes))
+        keep = self._kept_indices(h, first_block, gone)
+        for i, node in enumerate(nodes):
+            j = first_block + i
+            bid = blocks[j] if j < len(blocks) else -1
+            if bid < 0 or (j < gone and j not in keep):
                 continue
-            self.pool.blocks[bid].state_captured = True
-            self.pool.blocks[bid].index = j
-            if self.pool.publish(bid, seq.block_hashes[j], seq.block_tokens(j)) and self._is_checkpoint(seq, j):
+            pool.captured[bid] = True
+            if pool.publish(bid, node) and self._is_checkpoint(j, num_prompt_tokens):
                 self._pin(bid)
 
-    def release_out_of_window(self, seq: Seq) -> None:
-        """Release blocks no future query of ``seq`` reads (they left the window)."""
-        computed = seq.num_computed_tokens
-        limit = max(0, (computed - self.window + 1) // self.block_size)
-        for j in range(seq.swa_released_upto, min(limit, len(seq.swa_blocks))):
-            bid = seq.swa_blocks[j]
-            if bid >= 0:
-                self.pool.release(bid, keep=self._keep_after_window(seq, j))
-                seq.swa_blocks[j] = -1
-                seq.swa_pages[j] = -1
-                self.on_table_change(seq, j, -1)
-        seq.swa_released_upto = max(seq.swa_released_upto, min(limit, len(seq.swa_blocks)))
+    def release_out_of_window(self, h: KvHoldings, computed: int) -> None:
+        """Release blocks no future query reads (they left the window): the kept ones to the cache,
+        the rest freed; one table delta for the run."""
+        lo, hi = h.swa_released_upto, min(self._window_start(computed), len(h.swa.blocks))
+        if hi <= lo:
+            return
+        blocks, keep = h.swa.blocks, self._kept_indices(h, lo, hi)
+        kept = [blocks[j] for j in range(lo, hi) if blocks[j] >= 0 and j in keep]
+        dropped = [blocks[j] for j in range(lo, hi) if blocks[j] >= 0 and j not in keep]
+        if kept:
+            self.pool.release_many(kept, keep=True)
+        if dropped:
+            self.pool.release_many(dropped, keep=False)
+        none = [-1] * (hi - lo)
+        h.write(SWA, lo, none, none)
+        h.swa_released_upto = hi
 
-    def _keep_after_window(self, seq: Seq, j: int) -> bool:
-        """Whether block ``j`` stays cached when it leaves ``seq``'s window: always with full retain;
-        by default only a block that came from the cache (a hit) and the windows before the
-        boundaries in ``seq.retain_boundaries`` (its prompt's last block boundary, where a repeat of
-        the prompt resumes, and a shared-prefix junction found at admission)."""
-        if self.full_retain or j < seq.num_cached_tokens // self.block_size:
-            return True
-        return any(b - self.tail_blocks <= j < b for b in seq.retain_boundaries)
+    def _window_start(self, computed: int) -> int:
+        """Blocks before this one are out of every future query's window."""
+        return max(0, (computed - self.window + 1) // self.block_size)
 
-    def release_seq(self, seq: Seq) -> None:
-        """Release every block ``seq`` holds; published ones stay cached (the resumable tail)."""
-        for j in range(len(seq.swa_blocks) - 1, -1, -1):
-            if seq.swa_blocks[j] >= 0:
-                self.pool.release(seq.swa_blocks[j], keep=True)
-        seq.swa_blocks, seq.swa_pages = [], []
-        seq.swa_released_upto = 0
+    def _kept_indices(self, h: KvHoldings, lo: int, hi: int) -> range | set[int]:
+        """Blocks in ``lo .. hi-1`` that stay cached when they leave the window: all with full
+        retain; by default only blocks that came from the cache (a hit) and the windows before the
+        boundaries in ``h.retain_boundaries`` (the prompt's last block boundary, where a repeat of
+        the prompt resumes, and a shared-prefix junction found at admission or by a waiting request)."""
+        if self.full_retain:
+            return range(lo, hi)
+        out = set(range(lo, min(hi, h.hit_blocks)))
+        for b in h.retain_boundaries:
+            out.update(range(max(lo, b - self.tail_blocks), min(hi, b)))
+        return out
+
+    def release_all(self, h: KvHoldings) -> None:
+        """Release every block held; published ones stay cached (the resumable tail)."""
+        self.pool.release_many([bid for bid in reversed(h.swa.blocks) if bid >= 0], keep=True)
 
     # ---- pins ---------------------------------------------------------------------------------
-    def _is_checkpoint(self, seq: Seq, j: int) -> bool:
+    def _is_checkpoint(self, j: int, num_prompt_tokens: int) -> bool:
         if not (self.full_retain and self.retention_interval):
             return False
         end = (j + 1) * self.block_size
         to_interval = -end % self.retention_interval
-        prompt_boundary = (seq.num_prompt_tokens // self.block_size) * self.block_size
+        prompt_boundary = (num_prompt_tokens // self.block_size) * self.block_size
         to_prompt = prompt_boundary - end
         span = (self.tail_blocks - 1) * self.block_size
         return to_interval <= span or 0 <= to_prompt <= span
@@ -198,10 +204,10 @@ class SlidingWindowPool:
         self._unpin(next(iter(self._pins)))
         return True
 
-    def unpin_hash(self, block_hash: int) -> None:
-        """The compressed block with this hash was evicted: its SWA checkpoint is unreachable."""
-        bid = self.pool._hash_to_id.get(block_hash)
-        if bid is not None and bid in self._pins:
+    def unpin_node(self, node: PrefixNode) -> None:
+        """The compressed block at ``node`` was evicted: the SWA checkpoint there is unreachable."""
+        bid = node.swa
+        if bid >= 0 and bid in self._pins:
             self._unpin(bid)
 
     @property
@@ -213,14 +219,10 @@ class SlidingWindowPool:
 
     def pin_only_ids(self) -> list[int]:
         """Pinned blocks no sequence holds (releasing the pin would make them cached)."""
-        return [bid for bid in self._pins if self.pool.blocks[bid].ref_count == 1]
+        return [bid for bid in self._pins if self.pool.ref[bid] == 1]
 
     def release_all_pins(self) -> int:
         n = len(self._pins)
         while self._pins:
             self._unpin(next(iter(self._pins)))
         return n
-
-    def _step_blocks(self, seq: Seq, num_new: int) -> tuple[int, int]:
-        start = seq.num_computed_tokens
-        return start // self.block_size, (start + num_new - 1) // self.block_size

@@ -114,6 +114,12 @@ class UnifiedKvArena(LogicalPageMap):
     def _give_back(self, owner: str, page: int) -> None:
         self._lists[owner].free(page)
 
+    def _take_pages(self, owner: str, n: int) -> list[int]:
+        return self._lists[owner].pop_many(n)
+
+    def _give_back_pages(self, owner: str, pages: list[int]) -> None:
+        self._lists[owner].free_many(pages)
+
     # ---- integrity ----------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Conservation, one owner per chunk, one logical id per page."""

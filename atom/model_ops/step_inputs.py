@@ -44,10 +44,14 @@ class PageTables:
                 row = self.row_of[new.seq_id] = self._free_rows.pop()
             self._write_row(self.comp[row], new.comp_pages)
             self._write_row(self.swa[row], new.swa_pages)
-        for u in batch.table_updates:
+        for u in batch.table_updates:  # one run of consecutive entries each
             table = self.comp if u.owner == COMPRESS else self.swa
-            assert u.owner in (COMPRESS, SWA)
-            table[self.row_of[u.seq_id], u.index] = u.page
+            assert u.owner in (COMPRESS, SWA) and u.index + len(u.pages) <= table.shape[1], f"bad table update {u}"
+            if len(u.pages) == 1:
+                table[self.row_of[u.seq_id], u.index] = u.pages[0]
+            else:
+                table[self.row_of[u.seq_id], u.index:u.index + len(u.pages)] = torch.tensor(
+                    u.pages, dtype=torch.int32, device=table.device)
 
     @staticmethod
     def _write_row(row: torch.Tensor, pages: tuple[int, ...]) -> None:

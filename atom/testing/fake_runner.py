@@ -40,9 +40,10 @@ class FakeRunner:
             self.tables[new.seq_id] = {COMPRESS: list(new.comp_pages), SWA: list(new.swa_pages)}
         for u in batch.table_updates:
             table = self.tables[u.seq_id][u.owner]
-            while len(table) <= u.index:
-                table.append(-1)
-            table[u.index] = u.page
+            end = u.index + len(u.pages)
+            if len(table) < end:
+                table += [-1] * (end - len(table))
+            table[u.index:end] = u.pages
         if self.content is not None:
             self.content.step(batch, self.tables)
         sampled = {s.seq_id: self.token_for(s.seq_id, s.start_pos + s.num_tokens)

@@ -91,12 +91,12 @@ class KvContentModel:
             if q % b == b - 1:
                 self.comp_rows[_entry(table[COMPRESS], q // b)] = keys[q]
         self.slots[item.state_slot] = keys[-1]
-        for j, page in item.capture_pages:
+        end = item.start_pos + item.num_tokens
+        for j in range(item.start_pos // b, end // b):  # blocks whose last position ran: the runner
+            page = _entry(table[SWA], j)  # captures their CSA boundary state into its SWA table's page
             if page < 0:
                 raise KvContentError(f"seq {item.seq_id}: capture destination of block {j} is unbacked")
-            last = (j + 1) * b - 1
-            if last < item.start_pos + item.num_tokens:
-                self.captures[page] = keys[last]
+            self.captures[page] = keys[(j + 1) * b - 1]
 
 
 def _entry(table: list[int], index: int) -> int:

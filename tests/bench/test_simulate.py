@@ -50,7 +50,7 @@ def spy_on_evictions(monkeypatch: pytest.MonkeyPatch, check) -> list:
             finally:
                 want.pop()
         bm._make_room = spying_make_room
-        for pool in (bm.comp, bm.swa.pool):
+        for pool in (bm.comp.pool, bm.swa.pool):
             def evict(bid: int, _orig=pool.evict, _owner=pool.owner) -> None:
                 assert want, "a cached block was evicted outside of making room"
                 log.append(check(bm.arena, _owner, want[-1]))

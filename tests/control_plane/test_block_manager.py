@@ -3,20 +3,21 @@
 import pytest
 
 from atom.model_engine.block_pool import BlockPool
-from atom.model_engine.unified_kv_arena import COMPRESS, UnifiedKvArena
+from atom.model_engine.prefix_index import PrefixIndex
+from atom.model_engine.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
 
 
 def test_a_repeated_prompt_reuses_its_full_blocks_and_recomputes_the_last_one(harness):
     h = harness(budget=64, spec_overrides={"sliding_window": 16})
     a = h.add(range(50), max_tokens=2)
     h.step()
-    assert a.comp_blocks == [0, 1, 2, 3]
+    assert h.held(a).comp.blocks == [0, 1, 2, 3]
     h.run()
     b = h.add(range(50), max_tokens=2)
     h.step()
-    assert b.num_cached_tokens == 48 and b.stats.reused == 48
+    assert h.held(b).hit_blocks == 3 and b.num_cached_tokens == 48 and b.stats.reused == 48
     # blocks 0-2 are the cached ones; 3 was A's unpublished partial block, freed and reused
-    assert b.comp_blocks == [0, 1, 2, 3] and h.bm.comp.num_evictions == 0
+    assert h.held(b).comp.blocks == [0, 1, 2, 3] and h.bm.comp.pool.num_evictions == 0
     h.run()
 
 
@@ -24,12 +25,12 @@ def test_vacant_ids_are_used_before_any_cached_block_is_evicted(harness):
     h = harness(spec_overrides={"sliding_window": 16})
     h.add(range(40), max_tokens=1)
     h.run()
-    cached = h.bm.comp.num_cached()
+    cached = h.bm.comp.pool.num_cached()
     assert cached == 2  # blocks 0 and 1 were full and published
     c = h.add(range(500, 540), max_tokens=1)
     h.step()
-    assert set(c.comp_blocks).isdisjoint({0, 1}) and h.bm.comp.num_cached() == cached
-    assert h.bm.comp.num_evictions == 0
+    assert set(h.held(c).comp.blocks).isdisjoint({0, 1}) and h.bm.comp.pool.num_cached() == cached
+    assert h.bm.comp.pool.num_evictions == 0
 
 
 
@@ -40,20 +41,25 @@ def small_pool(num_chunks: int) -> BlockPool:
                       index_head_dim=16, row_format="fp32")
     lay = KvLayout.for_chunks(spec, num_chunks, SchedulerConfig(max_num_seqs=1, max_model_len=16))
     arena = UnifiedKvArena(lay)
-    return BlockPool(COMPRESS, arena, lay.max_compressed_pages)
+    return BlockPool(COMPRESS, arena, PrefixIndex(), lay.max_compressed_pages)
+
+
+def root_node(pool: BlockPool, block_hash: int):
+    """A fresh one-block prefix (block 0) with this hash."""
+    return pool.index.extend(None, 0, [block_hash], [block_hash.to_bytes(8, "little")], 1)[0]
 
 
 def test_cached_blocks_are_evicted_least_recently_released_first_preferring_emptier_chunks():
     pool = small_pool(4)
     k = pool.arena.pages_per_chunk(COMPRESS)
-    ids = pool.allocate(2 * k)  # fills chunks 0 and 1
+    ids, _ = pool.allocate(2 * k)  # fills chunks 0 and 1
     for i, bid in enumerate(ids):
-        assert pool.publish(bid, 1000 + i, (i,))
+        assert pool.publish(bid, root_node(pool, 1000 + i))
     for bid in ids[:k]:
         pool.release(bid)  # chunk 0 fully cached, released first (oldest)
     pool.release(ids[k])  # one cached block in chunk 1 (others still used)
     assert pool.evict_lru() and pool.num_evictions == 1
-    assert not pool.is_cached(ids[0]) and pool.blocks[ids[0]].ref_count == 0
+    assert not pool.is_cached(ids[0]) and pool.ref[ids[0]] == 0
     # reclaiming a chunk takes the chunk whose used pages are all cached: chunk 0, not chunk 1
     assert pool.reclaim_chunk()
     assert all(not pool.is_cached(b) for b in ids[:k]) and pool.is_cached(ids[k])
@@ -64,15 +70,15 @@ def test_cached_blocks_are_evicted_least_recently_released_first_preferring_empt
 def test_evicted_ids_are_clean_and_the_whole_capacity_can_be_drained_after_eviction():
     pool = small_pool(4)  # the smallest arena a request fits: 2 SWA chunks (one per live page), compressed, state
     n = pool.num_ids
-    ids = pool.allocate(n)
+    ids, _ = pool.allocate(n)
     for i, bid in enumerate(ids):
-        pool.publish(bid, i, (i,))
+        pool.publish(bid, root_node(pool, i))
     for bid in ids:
         pool.release(bid)
     while pool.evict_lru():
         pass
-    assert all(b.ref_count == 0 and b.block_hash is None for b in pool.blocks)
-    again = pool.allocate(n)  # every id, the evicted ones included
+    assert not any(pool.ref) and pool.node == [None] * n and len(pool.index) == 0
+    again, _ = pool.allocate(n)  # every id, the evicted ones included
     assert sorted(again) == list(range(n))
     pool.check_integrity({bid: 1 for bid in again})
 
@@ -98,8 +104,8 @@ def test_a_hit_at_a_boundary_whose_csa_state_was_never_captured_is_refused(harne
     probe = h.add(prompt, max_tokens=1)
     match = h.bm.match_prefix(probe)
     assert match.blocks == 4
-    tail = h.bm.swa.pool.lookup(probe.block_hashes[3], probe.block_tokens(3))
-    h.bm.swa.pool.blocks[tail].state_captured = False
+    tail = h.bm.published_block(SWA, probe, 3)
+    h.bm.swa.pool.captured[tail] = False
     match = h.bm.match_prefix(probe)
     assert (match.window_bound, match.blocks) == (4, 0)
     h.run()
@@ -112,17 +118,19 @@ def test_capture_destinations_are_the_blocks_own_backed_pages_and_restores_only_
     h.add(prompt, max_tokens=6)
     h.add(prompt, max_tokens=6)
     captures = restores = 0
+    b = h.bm.block_size
 
     def check_captures_and_restores(batch):  # the runner ran the step; the scheduler has not advanced yet
         nonlocal captures, restores
-        for item in batch.seqs:
-            seq = h.sched.by_id[item.seq_id]
-            for j, page in item.capture_pages:
-                assert page >= 0 and page == seq.swa_pages[j]
+        for item in batch.seqs:  # the runner captures a block's CSA state into its own SWA page
+            held = h.held(h.sched.by_id[item.seq_id])
+            for j in range(item.start_pos // b, (item.start_pos + item.num_tokens) // b):
+                page = h.runner.tables[item.seq_id]["swa"][j]
+                assert page >= 0 and page == held.swa.pages[j]
                 captures += 1
             if item.restore_page >= 0:
                 restores += 1
-                assert item.state_reset and seq.num_cached_tokens > 0
+                assert item.state_reset and held.hit_blocks > 0
 
     h.observe(check_captures_and_restores)
     h.run()

@@ -1,6 +1,10 @@
 """Regression tests, each built from the repro of a bug an adversarial run of the real scheduler,
 block manager and content model found."""
 
+from array import array
+
+import atom.model_engine.sequence as sequence_module
+from atom.model_engine.page_map import COMPRESS
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.sampling_params import SamplingParams
 
@@ -36,7 +40,7 @@ def fill_cache(h):
     for salt in (2, 3):
         h.add(unique(64, salt), max_tokens=1)
     h.run()
-    return h.bm.comp.num_cached(), h.bm.swa.pool.num_cached(), h.bm.swa.num_pins
+    return h.bm.comp.pool.num_cached(), h.bm.swa.pool.num_cached(), h.bm.swa.num_pins
 
 
 def test_an_allocation_that_cannot_fit_evicts_nothing_and_releases_no_pin(harness):
@@ -45,7 +49,7 @@ def test_an_allocation_that_cannot_fit_evicts_nothing_and_releases_no_pin(harnes
     assert before[0] > 0 and before[1] > 0 and before[2] > 0
     big = Sequence(unique(500, 9), SamplingParams(max_tokens=1), h.bm.block_size)
     assert h.bm.admit(big, 500) == 0  # 32 compressed + 32 SWA pages > 12 chunks, even after eviction
-    assert (h.bm.comp.num_cached(), h.bm.swa.pool.num_cached(), h.bm.swa.num_pins) == before
+    assert (h.bm.comp.pool.num_cached(), h.bm.swa.pool.num_cached(), h.bm.swa.num_pins) == before
     h.bm.check_integrity([])
 
 
@@ -122,4 +126,29 @@ def test_24_requests_sharing_a_4096_token_prefix_in_one_step_all_hit_except_the_
     assert seqs[0].stats.reused == 0
     assert [s.stats.reused for s in seqs[1:]] == [4096] * 23
     assert h.bm.counters.waits_for_prefix > 0
+    h.assert_all_memory_returned()
+
+
+def forgetful_hashes(token_ids, block_size, num_blocks, hashes, keys):
+    """The worst truncated hash: it forgets the prefix, so equal blocks collide under any prefix."""
+    for j in range(len(hashes), num_blocks):
+        key = array("q", token_ids[j * block_size:(j + 1) * block_size]).tobytes()
+        hashes.append(hash(key))
+        keys.append(key)
+
+
+def test_a_hash_collision_under_another_prefix_is_never_served(harness, monkeypatch):
+    monkeypatch.setattr(sequence_module, "chain_hashes", forgetful_hashes)
+    h = harness(budget=64, spec_overrides={"sliding_window": 8})
+    x_other, x, rest = unique(16, 60), unique(16, 61), unique(32, 62)
+    a = h.add(x_other + rest + [1], max_tokens=1)  # publishes X', Y, Z
+    h.run()
+    h.bm.comp.pool.evict(h.bm.published_block(COMPRESS, a, 0))  # X' goes; Y and Z stay cached under it
+    h.add(x + rest + [2], max_tokens=1)  # computes X, Y, Z under X (Y and Z stay private: hashes taken)
+    h.run()
+    d = h.add(x + rest + [3], max_tokens=1)
+    # block Y's hash, key and tokens match, but its parent is X', not X: only X is reused
+    assert h.bm.match_prefix(d).compressed == 1
+    h.run()  # the content model fails any read of a row computed under X'
+    assert d.status is SequenceStatus.FINISHED_LENGTH and d.stats.reused == 0
     h.assert_all_memory_returned()

@@ -3,6 +3,7 @@
 import pytest
 
 from atom.config import CacheConfig
+from atom.model_engine.page_map import COMPRESS, SWA
 
 SHARED = list(range(100, 164))  # 4 blocks of 16
 
@@ -104,7 +105,7 @@ def test_a_pin_is_released_when_its_compressed_prefix_is_evicted(harness):
     h = harness(full_retain=True, interval=16)
     seq = run_one(h, SHARED + [1])
     assert h.bm.swa.num_pins == 4
-    h.bm.comp.evict(h.bm.comp.lookup(seq.block_hashes[3], seq.block_tokens(3)))
+    h.bm.comp.pool.evict(h.bm.published_block(COMPRESS, seq, 3))
     assert h.bm.swa.num_pins == 3
 
 
@@ -120,10 +121,9 @@ def test_eviction_keeps_an_swa_window_that_unlocks_a_cached_document_over_ones_t
     a = run_one(h, list(range(500, 549)))  # SWA blocks 0..2 cached, with their compressed prefix
     b = run_one(h, list(range(600, 649)))  # cached later (younger) ...
     for j in range(3):  # ... but its compressed blocks are gone: its windows unlock nothing
-        h.bm.comp.evict(h.bm.comp.lookup(b.block_hashes[j], b.block_tokens(j)))
+        h.bm.comp.pool.evict(h.bm.published_block(COMPRESS, b, j))
     swa = h.bm.swa.pool
-    names = {swa.lookup(s.block_hashes[j], s.block_tokens(j)): f"{tag}{j}" for tag, s in (("a", a), ("b", b))
-             for j in range(3)}
+    names = {h.bm.published_block(SWA, s, j): f"{tag}{j}" for tag, s in (("a", a), ("b", b)) for j in range(3)}
     order = []
     while swa.evict_lru():
         order += [n for bid, n in names.items() if n not in order and not swa.is_cached(bid)]

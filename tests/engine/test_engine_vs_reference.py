@@ -74,7 +74,7 @@ def test_all_memory_returns_to_the_arena_when_requests_finish(make_engine):
         engine.add_request(p, GREEDY)
     run_recording_logits(engine)
     bm = engine.scheduler.bm
-    assert bm.comp.num_used() == 0 and bm.swa.pool.num_used() == 0 and bm.slots.num_held() == 0
+    assert bm.comp.pool.num_used() == 0 and bm.swa.pool.num_used() == 0 and bm.slots.num_held() == 0
     bm.reset_prefix_cache()
     assert bm.arena.num_free_chunks() == bm.arena.layout.num_chunks
 

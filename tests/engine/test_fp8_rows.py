@@ -165,7 +165,7 @@ def test_an_fp8_hit_served_from_a_chunk_the_compress_owner_held_before_is_still_
     engine = make_engine(budget=boundary, num_chunks=6, **FP8)
     bm = engine.scheduler.bm
     run(engine, [(11 * i) % 500 + 1 for i in range(400)], SamplingParams(max_tokens=2, temperature=0.0))
-    compress_chunks = {bm.arena.chunk_of(COMPRESS, bm.comp.page(b)) for b in range(bm.comp.num_ids)
+    compress_chunks = {bm.arena.chunk_of(COMPRESS, bm.comp.pool.page(b)) for b in range(bm.comp.pool.num_ids)
                        if bm.arena.is_backed(COMPRESS, b)}
     assert compress_chunks
     bm.reset_prefix_cache()  # those chunks return to the arena, still holding fp8 compressed rows

@@ -67,10 +67,10 @@ def test_abort_mid_generation_frees_the_requests_memory(make_engine):
     for _ in range(6):
         engine.step()
     bm = engine.scheduler.bm
-    assert bm.comp.num_used() > 0
+    assert bm.comp.pool.num_used() > 0
     assert engine.abort_request(rid) and not engine.abort_request(rid)
     assert not engine.has_unfinished_requests()
-    assert bm.comp.num_used() == 0 and bm.swa.pool.num_used() == 0 and bm.slots.num_held() == 0
+    assert bm.comp.pool.num_used() == 0 and bm.swa.pool.num_used() == 0 and bm.slots.num_held() == 0
     engine.check_integrity()
 
 

@@ -8,6 +8,7 @@ from typing import Callable
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.model_engine.block_manager import BlockManager
+from atom.model_engine.kv_holdings import KvHoldings
 from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.llm_engine import EngineStep, LLMEngine
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
@@ -76,11 +77,15 @@ class Harness:
         running = {s.seq_id: s for s in self.sched.running}
         assert set(self.runner.tables) == set(running), f"runner tables {sorted(self.runner.tables)}"
         for sid, seq in running.items():
-            table = self.runner.tables[sid]
-            assert table["compress"] == seq.comp_pages, f"seq {sid}: compressed table drifted"
-            swa = table["swa"] + [-1] * (len(seq.swa_pages) - len(table["swa"]))
-            assert swa[:len(seq.swa_pages)] == seq.swa_pages and set(swa[len(seq.swa_pages):]) <= {-1}, \
-                f"seq {sid}: SWA table {swa} vs the scheduler's {seq.swa_pages}"
+            table, held = self.runner.tables[sid], self.held(seq)
+            assert table["compress"] == held.comp.pages, f"seq {sid}: compressed table drifted"
+            swa, want = table["swa"] + [-1] * (len(held.swa.pages) - len(table["swa"])), held.swa.pages
+            assert swa[:len(want)] == want and set(swa[len(want):]) <= {-1}, \
+                f"seq {sid}: SWA table {swa} vs the scheduler's {want}"
+
+    def held(self, seq: Sequence) -> KvHoldings:
+        """What the block manager records ``seq`` holding."""
+        return self.bm.holdings[seq.seq_id]
 
     def run(self, max_steps=10_000):
         steps = 0
@@ -94,7 +99,7 @@ class Harness:
         """No request holds anything; after dropping the cache only retention pins hold pages."""
         bm = self.bm
         assert not self.sched.running and not self.sched.waiting
-        assert bm.comp.num_used() == 0 and bm.swa.pool.num_used() == bm.swa.num_pins
+        assert bm.comp.pool.num_used() == 0 and bm.swa.pool.num_used() == bm.swa.num_pins
         assert bm.slots.num_held() == 0 and bm.arena.num_used("state") == 0
         bm.reset_prefix_cache()
         assert bm.arena.owned_chunks("compress") == 0

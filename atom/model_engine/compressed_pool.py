@@ -1,0 +1,67 @@
+"""CompressedPool: the compressed blocks of every request, the policy twin of SlidingWindowPool.
+
+A compressed block holds the compressed rows (and indexer keys) of ``block_size`` positions for
+every compressed layer. Unlike SWA blocks, a request holds every compressed block it has until it
+ends: attention reads the whole compressed history. Rules:
+
+- a prefix hit claims the published blocks of the verified chain (``claim_hit``);
+- every block a step reaches gets a page before the step (``pages_needed`` / ``ensure``);
+- a block is published once its last position ran (``publish``), at its prefix node;
+- at the end every block is released, the last first (so LRU evicts a prefix's tail before its
+  head); published ones stay cached for later hits when prefix caching is on.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from atom.model_engine.block_pool import BlockPool
+from atom.model_engine.kv_holdings import KvHoldings
+from atom.model_engine.page_map import COMPRESS, LogicalPageMap
+from atom.model_engine.prefix_index import PrefixIndex, PrefixNode
+
+__all__ = ["CompressedPool"]
+
+
+class CompressedPool:
+    """Compressed block bookkeeping for all requests. Pure policy over a :class:`BlockPool`."""
+
+    def __init__(self, arena: LogicalPageMap, index: PrefixIndex, num_ids: int, block_size: int,
+                 keep_cached: bool) -> None:
+        self.pool = BlockPool(COMPRESS, arena, index, num_ids)
+        self.block_size = block_size
+        self.keep_cached = keep_cached  # prefix caching on: released published blocks stay cached
+
+    @staticmethod
+    def hit_blocks(chain: Sequence[PrefixNode]) -> int:
+        """Leading blocks of the verified chain whose compressed block is published."""
+        for j, node in enumerate(chain):
+            if node.comp < 0:
+                return j
+        return len(chain)
+
+    def claim_hit(self, h: KvHoldings, chain: Sequence[PrefixNode], blocks: int) -> None:
+        ids = [chain[j].comp for j in range(blocks)]
+        for bid in ids:
+            self.pool.claim(bid)
+        h.write(COMPRESS, 0, ids, [self.pool.pages[bid] for bid in ids])
+
+    def pages_needed(self, h: KvHoldings, end_pos: int) -> int:
+        """New blocks positions up to ``end_pos`` (exclusive) need."""
+        return max(0, -(-end_pos // self.block_size) - len(h.comp.blocks))
+
+    def ensure(self, h: KvHoldings, end_pos: int) -> None:
+        """Back every block up to ``end_pos`` (room was made by the caller)."""
+        ids, pages = self.pool.allocate(self.pages_needed(h, end_pos))
+        if ids:
+            h.write(COMPRESS, len(h.comp.blocks), ids, pages)
+
+    def publish(self, h: KvHoldings, first: int, nodes: Sequence[PrefixNode]) -> None:
+        """Publish blocks ``first ..`` at ``nodes`` (block ``first + i`` at ``nodes[i]``)."""
+        blocks, publish = h.comp.blocks, self.pool.publish
+        for i, node in enumerate(nodes):
+            publish(blocks[first + i], node)
+
+    def release_all(self, h: KvHoldings) -> None:
+        """Release every block, the last first."""
+        self.pool.release_many(h.comp.blocks[::-1], keep=self.keep_cached)

@@ -1,0 +1,82 @@
+"""What one request holds in the KV arena, owned and written by the block manager alone.
+
+``Sequence`` keeps tokens and progress; everything the arena lends a request lives here::
+
+    comp   blocks / pages   one compressed block per B positions, held to the end
+    swa    blocks / pages   -1 before the window (released), blocks for the window and the step
+    state_slot              the request's compressor-state page (a page of the ``state`` owner), -1 = none
+    restore_page            SWA page whose CSA boundary state seeds that page (prefix hit), or -1
+    published_upto          blocks 0 .. published_upto-1 are published (or private duplicates)
+    tip                     the prefix node of the last published block (keeps the chain alive)
+
+Every table entry changes through :meth:`KvHoldings.write`, the one place a
+:class:`~atom.model_engine.outputs.TableUpdate` is emitted: one delta per run of consecutive entries,
+and only once the runner has the full tables (``shipped``).
+"""
+
+from __future__ import annotations
+
+from atom.model_engine.outputs import TableUpdate
+from atom.model_engine.page_map import Owner
+from atom.model_engine.prefix_index import PrefixNode
+
+__all__ = ["BlockTable", "KvHoldings"]
+
+
+class BlockTable:
+    """Logical block ids and their physical pages, index by index (-1 = none)."""
+
+    __slots__ = ("blocks", "pages")
+
+    def __init__(self) -> None:
+        self.blocks: list[int] = []
+        self.pages: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
+class KvHoldings:
+    """One request's blocks, pages, state page and published chain."""
+
+    __slots__ = ("seq_id", "comp", "swa", "swa_released_upto", "published_upto", "hit_blocks",
+                 "retain_boundaries", "state_slot", "state_fresh", "restore_page", "tip", "shipped", "_sink")
+
+    def __init__(self, seq_id: int, sink: list[TableUpdate]) -> None:
+        self.seq_id = seq_id
+        self.comp = BlockTable()
+        self.swa = BlockTable()
+        self.swa_released_upto = 0  # SWA blocks before it were released (left the window)
+        self.published_upto = 0
+        self.hit_blocks = 0  # blocks reused from the cache at admission
+        self.retain_boundaries: tuple[int, ...] = ()  # boundaries whose SWA window outlives the window
+        self.state_slot = -1
+        self.state_fresh = False  # admitted this step: the runner clears the state page first
+        self.restore_page = -1
+        self.tip: PrefixNode | None = None
+        self.shipped = False  # the runner has the full tables: later changes go as deltas
+        self._sink = sink
+
+    def table(self, owner: Owner) -> BlockTable:
+        return self.comp if owner is Owner.COMPRESS else self.swa
+
+    def write(self, owner: Owner, index: int, blocks: list[int], pages: list[int]) -> None:
+        """Entries ``index ..`` of the ``owner`` table are now ``blocks`` at ``pages`` (the table is
+        padded with -1 up to ``index`` and grows past its end as needed); one delta for the run.
+        A -1 pad needs no delta: the runner's table reads -1 past what it was sent."""
+        table = self.comp if owner is Owner.COMPRESS else self.swa
+        held = len(table.blocks)
+        if index > held:
+            pad = [-1] * (index - held)
+            table.blocks += pad
+            table.pages += pad
+        end = index + len(blocks)
+        table.blocks[index:end] = blocks
+        table.pages[index:end] = pages
+        if self.shipped:
+            self._sink.append(TableUpdate(self.seq_id, owner, index, tuple(pages)))
+
+    def clear(self) -> None:
+        """Forget both tables (every block was released; the runner drops its copy)."""
+        self.comp, self.swa = BlockTable(), BlockTable()
+        self.swa_released_upto = 0
