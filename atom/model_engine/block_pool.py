@@ -26,7 +26,6 @@ not maintained on every release.
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import repeat
 from typing import Callable
 
 from atom.model_engine.page_map import LogicalPageMap, Owner
@@ -52,7 +51,9 @@ class BlockPool:
         self.captured = [False] * num_ids  # SWA: the fused CSA boundary state of the block was written
         self.cached_at = [0] * num_ids  # the cache clock when it was last cached (its age for eviction)
         self._vacant: list[int] = list(range(num_ids - 1, -1, -1))
-        self._cached: OrderedDict[int, None] = OrderedDict()
+        # cached ids, least recently released first (a dict keeps insertion order; no move-to-end is
+        # needed, as a claimed block leaves it; a bulk update is 3x cheaper than an OrderedDict's)
+        self._cached: dict[int, None] = {}
         self.evicted_hashes: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
         self.on_evict: Callable[[PrefixNode], None] = lambda node: None
@@ -116,16 +117,15 @@ class BlockPool:
         ref = self.ref
         for bid in block_ids:
             ref[bid] -= 1
-        gone = [bid for bid in block_ids if ref[bid] <= 0]
+        gone = [bid for bid in block_ids if not ref[bid]]  # (a ref below 0 fails check_integrity)
         if not gone:
             return
-        assert min(map(ref.__getitem__, gone)) == 0, f"{self.owner}: release of a block with ref 0"
         nodes = self.node
         if keep:
             kept = [bid for bid in gone if nodes[bid] is not None]
             if len(kept) < len(gone):
                 self._free_many([bid for bid in gone if nodes[bid] is None])
-            self._cached.update(zip(kept, repeat(None)))  # (a dict argument is 4x slower here)
+            self._cached.update(dict.fromkeys(kept))
             if self.unlock_tokens is not None:  # only a valuing policy reads the age
                 at, clock = self.cached_at, self._clock
                 for bid in kept:
