@@ -41,7 +41,10 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     """An :class:`LLMEngine` serving ``config.model.path`` (None: the built-in tiny model).
 
     The model is loaded on ``config.model.device`` in ``config.model.dtype`` with its weights kept as
-    stored (FP8 / MXFP4), without the MTP block (not served). ``poison`` fills the arena with NaN
+    stored (FP8 / MXFP4); its MTP block only with speculative decoding on
+    (``config.scheduler.speculative_num_tokens`` > 0): the arena then counts the MTP layer and the runner
+    drafts with it. ``drafter`` replaces the MTP drafts as the scheduler's draft source (tests: a
+    replayed oracle or an always-wrong draft). ``poison`` fills the arena with NaN
     (default: the ``ATOM_DEBUG_NAN_ARENA`` flag); ``value_checks`` runs the kernels' value checks inside
     every step (tests; they sync the device).
     ``quant_sim`` (when given) overrides ``config.model.quant_sim``: it runs
@@ -65,9 +68,10 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     tokenizer = Tokenizer.from_dir(model_dir)
     poison = env.debug_nan_arena if poison is None else poison
     max_model_len = config.scheduler.max_model_len
+    num_spec = config.scheduler.speculative_num_tokens
     size = config.parallel.world_size
-    if size > 1 and config.scheduler.speculative_num_tokens:
-        raise ValueError(f"speculative_num_tokens={config.scheduler.speculative_num_tokens} needs "
+    if size > 1 and num_spec:
+        raise ValueError(f"speculative_num_tokens={num_spec} needs "
                          "tensor_parallel_size=1 (the ranks would verify drafts separately)")
     if size > 1:
         from atom.parallel.executor import start_parallel_runner
@@ -84,18 +88,19 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
         runner = start_parallel_runner(spec, keep_logits=keep_logits, group=rank_group)
     else:
         device = resolve_device(mc.device)
-        model = load_checkpoint(model_dir, dtype=resolve_dtype(mc.dtype, device), device=device, load_mtp=False,
+        model = load_checkpoint(model_dir, dtype=resolve_dtype(mc.dtype, device), device=device, load_mtp=num_spec > 0,
                                 progress=sys.stderr.isatty(), batch_invariant=batch_invariant,
                                 quant_sim=resolve_quant_sim(mc.quant_sim, model_dir) if quant_sim is None else quant_sim)
         model_cfg = model.cfg
         row_format = resolve_row_format(config.cache.kv_cache_dtype, on_gpu=model.embed.weight.device.type != "cpu",
                                         quantized="quantization_config" in model.cfg.extra)
-        # the main layers only (MTP is not served)
-        spec = model.cfg.kv_spec(row_format, include_mtp=False, block_size=config.cache.block_size)
+        # the MTP layer's KV only when it drafts
+        spec = model.cfg.kv_spec(row_format, include_mtp=num_spec > 0, block_size=config.cache.block_size)
         layout = plan_kv_layout(spec, config.cache, config.scheduler)
         runner = ModelRunner(model, layout, max_model_len=max_model_len, seed=mc.seed, poison=poison,
                              kernel_backend=kernel_backend, keep_logits=keep_logits,
-                             eos_token_id=tokenizer.eos_token_id, value_checks=value_checks)
+                             eos_token_id=tokenizer.eos_token_id, value_checks=value_checks,
+                             speculative_num_tokens=num_spec)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model_cfg.vocab_size}")
     bm = BlockManager(layout, config.cache)

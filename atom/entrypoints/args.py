@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 
 from atom import envs
-from atom.config import (DTYPES, EXECUTOR_BACKENDS, KV_CACHE_DTYPES, QUANT_SIM, CacheConfig, EngineConfig,
-                         ModelConfig, ParallelConfig, SchedulerConfig)
+from atom.config import (DTYPES, EXECUTOR_BACKENDS, KV_CACHE_DTYPES, MAX_SPECULATIVE_TOKENS, QUANT_SIM, CacheConfig,
+                         EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig)
 from atom.entrypoints.limits import ServerLimits
 
 __all__ = ["parse_bytes", "add_serve_arguments", "engine_config_from_args", "ServerArgs", "server_args_from",
@@ -81,6 +81,13 @@ def _port(text: str) -> int:
     return value
 
 
+def _spec_tokens(text: str) -> int:
+    value = _nonneg_int(text)
+    if value > MAX_SPECULATIVE_TOKENS:
+        raise argparse.ArgumentTypeError(f"{text!r} drafts: accepted 0 (off) to {MAX_SPECULATIVE_TOKENS}")
+    return value
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``atom serve`` flags to ``parser``."""
     d = EngineConfig()
@@ -99,6 +106,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most requests running at once (default: %(default)s)")
     parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=ds.max_num_batched_tokens,
                         help="token budget of one engine step (default: %(default)s)")
+    parser.add_argument("--speculative-num-tokens", type=_spec_tokens, default=ds.speculative_num_tokens,
+                        help=f"speculative decoding: drafts from the model's MTP layer verified per decoding request "
+                             f"and step, 1..{MAX_SPECULATIVE_TOKENS}; 0 = off (default: %(default)s)")
     parser.add_argument("--kv-cache-memory", type=_size_arg, default=dc.kv_cache_bytes, metavar="SIZE",
                         help="bytes for the KV arena, e.g. 2GiB or 512MiB (default: 1GiB)")
     parser.add_argument("--block-size", type=_nonneg_int, default=dc.block_size,
@@ -172,7 +182,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=ModelConfig(path=args.model, served_model_name=args.served_model_name, seed=args.seed,
                           device=args.device, dtype=args.dtype, quant_sim=args.quant_sim),
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
-                                  max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
+                                  max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                                  speculative_num_tokens=args.speculative_num_tokens),
         cache=CacheConfig.from_env(envs.load(), kv_cache_bytes=args.kv_cache_memory, block_size=args.block_size,
                                    enable_prefix_caching=args.enable_prefix_caching,
                                    kv_cache_dtype=args.kv_cache_dtype),

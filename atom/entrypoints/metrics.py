@@ -38,6 +38,9 @@ _COUNTERS = (
     ("atom_prefix_cache_hits", "prefix_hits", "Prompt tokens served from the prefix cache."),
     ("atom_prompt_tokens", "prompt_tokens", "Prompt tokens admitted (prefill work requested)."),
     ("atom_generation_tokens", "generation_tokens", "Tokens generated."),
+    ("atom_spec_decode_verifies", "spec_verifies", "Request-steps that verified speculative drafts."),
+    ("atom_spec_decode_num_draft_tokens", "spec_proposed", "Speculative draft tokens proposed and verified."),
+    ("atom_spec_decode_num_accepted_tokens", "spec_accepted", "Speculative draft tokens accepted."),
 )
 #: miss attribution: label value -> EngineStats field.
 _MISSES = (("evicted_kv", "lost_to_evicted_kv"), ("swa_window", "lost_to_swa_window"),
@@ -72,6 +75,20 @@ class _EngineStatsCollector(Collector):
         for label, field in _MISSES:
             misses.add_metric([label], float(getattr(s, field)))
         yield misses
+        yield from _speculative(s)
+
+
+def _speculative(s: "EngineStats") -> Iterator[Metric]:
+    """Mean acceptance length (tokens per verifying request-step) and acceptance per draft position."""
+    yield GaugeMetricFamily("atom_spec_decode_mean_acceptance_length",
+                            "Tokens a verifying request-step yields on average (accepted drafts + 1); 0 before any.",
+                            value=s.spec_mean_acceptance_length)
+    per = CounterMetricFamily("atom_spec_decode_num_accepted_tokens_per_pos",
+                              "Speculative drafts accepted, by draft position (0 = the first draft).",
+                              labels=["position"])
+    for i, n in enumerate(s.spec_accepted_at):
+        per.add_metric([str(i)], float(n))
+    yield per
 
 
 class ServerMetrics:

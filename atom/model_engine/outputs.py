@@ -39,6 +39,8 @@ class ScheduledSeq:
     # KV rows are written, but they count as computed only once accepted; the rows of the step from the
     # last committed token on are all sampled)
     num_draft: int = 0
+    # the token after the chunk when it is already known (a prefill chunk that does not sample), else -1
+    lookahead: int = -1
 
     @property
     def num_tokens(self) -> int:

@@ -236,7 +236,8 @@ class Scheduler:
         if h.state_fresh and seq.params.needs_history:  # once per admission: the sampler's penalty state
             history = (tuple(seq.token_ids[: seq.num_prompt_tokens]), tuple(seq.output_token_ids))
         return ScheduledSeq(seq.seq_id, start, tuple(seq.token_ids[start:start + n]) + drafts, start + n == len(seq),
-                            h.state_slot, h.state_fresh, h.restore_page, seq.params, history, len(drafts))
+                            h.state_slot, h.state_fresh, h.restore_page, seq.params, history, len(drafts),
+                            seq.token_ids[start + n] if start + n < len(seq) else -1)
 
     # ---- after the runner ---------------------------------------------------------------------
     def postprocess(self, batch: ScheduledBatch, output: RunnerOutput) -> list[StepResult]:

@@ -20,6 +20,7 @@ from atom.kernels.backend import load_kernels, value_checks_off
 from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
 from atom.model_ops.kv_views import bind_kv_arena
+from atom.model_executor.mtp_draft import MtpDrafter
 from atom.model_executor.sampler import Sampler
 from atom.model_ops.step_inputs import PageTables, StepInputs, build_step_inputs, row_subset
 from atom.model_ops.deepseek_v4_attn import PagedDeepseekV4Attention
@@ -36,11 +37,14 @@ class ModelRunner:
     ``[T, vocab]``), for tests that compare the engine with the reference model step by step;
     otherwise the head runs only on the rows that sample. ``value_checks``: run the kernels' value checks (each a device sync) inside
     the step; off in serving (the inputs come from the scheduler), on in tests.
+    ``speculative_num_tokens`` > 0: after every step the model's MTP layer writes its KV rows and
+    proposes that many drafts per sampling request (``RunnerOutput.drafts``, :mod:`mtp_draft`); the
+    layout must then count the MTP layer.
     """
 
     def __init__(self, model: DeepseekV4Model, layout: KvLayout, *, max_model_len: int, seed: int = 0,
                  poison: bool = False, kernel_backend: str | None = None, keep_logits: bool = False,
-                 eos_token_id: int | None = None, value_checks: bool = False) -> None:
+                 eos_token_id: int | None = None, value_checks: bool = False, speculative_num_tokens: int = 0) -> None:
         self.model = model.eval()
         self.device = model.embed.weight.device
         self.views = bind_kv_arena(layout, poison=poison, device=self.device)
@@ -51,6 +55,8 @@ class ModelRunner:
         self.attn = [PagedDeepseekV4Attention(block.attn, self.views, self.kernels) for block in model.layers]
         self.sampler = Sampler(seed, eos_token_id, device=self.device)
         self.keep_logits, self.value_checks = keep_logits, value_checks
+        self.mtp = MtpDrafter(model, self.views, self.kernels, speculative_num_tokens, max_model_len) \
+            if speculative_num_tokens else None
 
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
@@ -61,7 +67,7 @@ class ModelRunner:
         step = build_step_inputs(batch, self.tables, self.device, self.model.cfg.compress_ratios)
         checks = contextlib.nullcontext if self.value_checks else value_checks_off
         with checks():
-            logits = self._forward(step)
+            logits, hidden = self._forward(step)
         kept: dict[int, torch.Tensor] = {}
         if self.keep_logits:
             lo = 0
@@ -73,9 +79,11 @@ class ModelRunner:
             if item.history is not None:
                 self.sampler.begin(item.seq_id, *item.history, logits.shape[-1], logits.device)
         out = self._sample(batch, logits)
-        if step.committed is not None:
-            with checks():
+        with checks():
+            if step.committed is not None:
                 self._commit(batch, step, out.accepted)
+            if self.mtp is not None:
+                out = dataclasses.replace(out, drafts=self.mtp.run(batch, step, self.tables, hidden, out))
         return dataclasses.replace(out, logits=kept) if kept else out
 
     def _sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> RunnerOutput:
@@ -113,8 +121,9 @@ class ModelRunner:
         for attn in self.attn:
             attn.commit(sub, step, self.tables)
 
-    def _forward(self, step: StepInputs) -> torch.Tensor:
-        """Logits of the rows that sample (every row with ``keep_logits``); no device value is read back."""
+    def _forward(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits of the rows that sample (every row with ``keep_logits``), and the final stream of every row;
+        no device value is read back."""
         model, rw = self.model, self.model.cfg.batch_invariant
         h = model.embed_tokens(step.token_ids)
         for block, attn in zip(model.layers, self.attn):
@@ -123,6 +132,6 @@ class ModelRunner:
             h = map_rows(block.attn_output_and_ffn, rw, a, h, post, comb, step.token_ids)
         if not self.keep_logits:
             if step.sample_rows.shape[0] == 0:
-                return h.new_empty((0, model.cfg.vocab_size), dtype=torch.float32)
-            h = h[step.sample_rows]
-        return model.head_logits(h)
+                return h.new_empty((0, model.cfg.vocab_size), dtype=torch.float32), h
+            return model.head_logits(h[step.sample_rows]), h
+        return model.head_logits(h), h

@@ -30,18 +30,24 @@ def run(engine, prompt_list, params):
     return [final[i] for i in ids]
 
 
-@pytest.mark.parametrize("num_chunks", [200, 5], ids=["roomy", "preempting"])
+# arena chunks; with speculation on, chunks also hold the MTP layer's rows: 3 SWA pages per chunk, as the
+# layout picks without it, keep the tight arena as tight
+ARENAS = pytest.mark.parametrize("num_chunks", [200, 5], ids=["roomy", "preempting"])
+
+
+@ARENAS
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_output_with_oracle_and_wrong_drafts_equals_the_non_speculative_run(make_engine, num_chunks, k):
-    n_out = N_OUT if num_chunks == 200 else 30
+    n_out = N_OUT if num_chunks == 200 else 40
     off = run(make_engine(num_chunks=num_chunks), prompts(), greedy(n_out))
     reference = {tuple(p): o.output_token_ids for p, o in zip(prompts(), off)}
-    oracle = make_engine(num_chunks=num_chunks, speculative=k, drafter=ReplayDraft(reference))
+    oracle = make_engine(num_chunks=num_chunks, chunk_pages=3, speculative=k, drafter=ReplayDraft(reference))
     on = run(oracle, prompts(), greedy(n_out))
     assert [o.output_token_ids for o in on] == [o.output_token_ids for o in off]
     st = oracle.stats()
     assert st.spec_proposed > 0 and st.spec_accepted == st.spec_proposed
-    wrong = make_engine(num_chunks=num_chunks, speculative=k, drafter=ReplayDraft(reference, shift=1, vocab_size=512))
+    wrong = make_engine(num_chunks=num_chunks, chunk_pages=3, speculative=k,
+                        drafter=ReplayDraft(reference, shift=1, vocab_size=512))
     on = run(wrong, prompts(), greedy(n_out))
     assert [o.output_token_ids for o in on] == [o.output_token_ids for o in off]
     st = wrong.stats()
@@ -111,7 +117,7 @@ def test_compressor_state_after_rejected_drafts_equals_a_run_that_never_drafted(
             break
         slot_w = wrong.scheduler.bm.holdings[seq_w.seq_id].state_slot
         slot_p = plain.scheduler.bm.holdings[seq_p.seq_id].state_slot
-        assert seq_w.num_computed_tokens == seq_p.num_computed_tokens and slot_w == slot_p
+        assert seq_w.num_computed_tokens == seq_p.num_computed_tokens  # slots differ: the layouts do (MTP rows)
         for a, b in zip(_state_pages(wrong, slot_w), _state_pages(plain, slot_p)):
             # not bit-exact: a step with drafts attends with wider (padded) index lists, whose reductions
             # round differently (~1e-7); a rejected draft's row left in the state would differ by O(1)
@@ -141,3 +147,50 @@ def test_logits_of_accepted_positions_match_the_reference_model(make_engine, ref
     for sid, start, logits in steps:
         want = full[sid][start:start + logits.shape[0]]
         torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+
+
+@ARENAS
+def test_greedy_output_with_mtp_drafts_equals_the_non_speculative_run(make_engine, num_chunks):
+    n_out = N_OUT if num_chunks == 200 else 40
+    off = run(make_engine(num_chunks=num_chunks), prompts(), greedy(n_out))
+    engine = make_engine(num_chunks=num_chunks, chunk_pages=3, speculative=2)
+    on = run(engine, prompts(), greedy(n_out))
+    assert [o.output_token_ids for o in on] == [o.output_token_ids for o in off]
+    st = engine.stats()
+    assert st.spec_verifies > 0 and st.spec_proposed > st.spec_verifies  # two drafts per step mostly
+    assert engine.runner.views.layout.spec.num_mtp_layers == 1
+    assert (engine.scheduler.num_preemptions > 0) == (num_chunks == 5)
+
+
+def test_mtp_drafts_are_the_reference_mtp_layers_argmax(make_engine, reference):
+    """With one draft per step every MTP row the engine reads was written from the main model's
+    stream, so each draft equals the reference model's MTP prediction at that position."""
+    prompt = prompts()[4]  # 70 tokens, prefilled in chunks of 37: the MTP rows span a chunk boundary
+    engine = make_engine(speculative=1)
+    engine.add_request(prompt, greedy(10))
+    seq = engine.scheduler.waiting[-1]
+    proposed = []  # (computed tokens when proposed, draft)
+    while engine.has_unfinished_requests():
+        batch = engine.scheduler.schedule()
+        out = engine.runner.execute(batch)
+        engine.scheduler.postprocess(batch, out)
+        if seq.seq_id in out.drafts and not seq.status.finished:
+            proposed.append((seq.num_computed_tokens, out.drafts[seq.seq_id][0]))
+    toks = torch.tensor(seq.token_ids)
+    cache = reference.new_cache(len(toks) + 1)
+    hidden = reference.prefill(cache, toks[:-1]).hidden
+    mtp = reference.mtp_extend(cache, hidden, toks[1:], 0)  # row q predicts token q + 2
+    assert len(proposed) >= 5
+    assert [d for _, d in proposed] == [int(mtp[c - 1].argmax()) for c, _ in proposed]
+
+
+def test_the_benchmark_prints_acceptance_and_tokens_per_forward_for_each_draft_source(capsys):
+    from atom.bench.speculative import main
+
+    off, mtp, oracle = main(["--prompts", "1", "--max-tokens", "6", "--num-tokens", "2"])
+    printed = capsys.readouterr().out
+    assert printed.count("mean acceptance length") == 3 and printed.count("same tokens as off: True") == 2
+    assert off.steps == 6 and off.tokens_per_forward == 1.0  # one prefill step, then one token per step
+    # prefill (1 token), 2 drafts accepted (+ bonus: 3 tokens), 1 draft left within max_tokens (2 tokens)
+    assert oracle.accepted == oracle.proposed == 3 and oracle.steps == 3 and oracle.tokens_per_forward == 2.0
+    assert oracle.mean_acceptance_length == 2.5 and mtp.outputs == off.outputs

@@ -23,9 +23,10 @@ from atom.entrypoints.openai_server import build_app
 SMALL_SCHEDULER = SchedulerConfig(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=512)
 
 
-def small_config(model_dir, enable_prefix_caching: bool = True) -> EngineConfig:
+def small_config(model_dir, enable_prefix_caching: bool = True, speculative_num_tokens: int = 0) -> EngineConfig:
     """The small engine every server test serves (32 MiB of KV)."""
-    return EngineConfig(ModelConfig(path=str(model_dir), served_model_name=BUILTIN_MODEL_NAME), SMALL_SCHEDULER,
+    scheduler = dataclasses.replace(SMALL_SCHEDULER, speculative_num_tokens=speculative_num_tokens)
+    return EngineConfig(ModelConfig(path=str(model_dir), served_model_name=BUILTIN_MODEL_NAME), scheduler,
                         CacheConfig(kv_cache_bytes=32 << 20, enable_prefix_caching=enable_prefix_caching))
 
 
@@ -64,8 +65,9 @@ class RunningServer:
 
 
 def start_server(model_dir, *, api_key: str | None = None, max_body_bytes: int | None = None,
-                 limits: ServerLimits | None = None, enable_prefix_caching: bool = True) -> RunningServer:
-    engine = load_engine(small_config(model_dir, enable_prefix_caching))
+                 limits: ServerLimits | None = None, enable_prefix_caching: bool = True,
+                 speculative_num_tokens: int = 0) -> RunningServer:
+    engine = load_engine(small_config(model_dir, enable_prefix_caching, speculative_num_tokens))
     if limits is None:
         limits = ServerLimits() if max_body_bytes is None else ServerLimits(max_body_bytes=max_body_bytes)
     metrics = ServerMetrics()

@@ -1,0 +1,103 @@
+"""Drafting with DeepSeek-V4's MTP layer over the paged arena.
+
+The MTP block predicts token ``p + 2`` from the main model's final stream ``h_p`` and the embedding of
+token ``p + 1`` (``dsv4_model.md``: its own sliding-window attention, ``e_proj`` / ``h_proj``, the
+shared embedding and LM head). Its KV rows live in the arena like any layer's: the layout counts the
+MTP layer (``kv_spec(include_mtp=True)``), so its SWA rows sit in the same chunks, are published
+with the same blocks and come back with a prefix hit.
+
+After every step (:meth:`MtpDrafter.run`), for each request:
+
+1. the MTP layer runs over every position the step made part of the sequence (the committed rows and
+   the accepted drafts) with the next token of each: the following row's token, and for the last
+   one the token just sampled (or, for a prefill chunk that does not sample, the next prompt token,
+   ``ScheduledSeq.lookahead``), so its KV rows are written for exactly the positions the main
+   layers wrote;
+2. for a request that sampled, its last row's MTP logits give the first draft (argmax), and the MTP
+   layer is applied again ``K - 1`` times on its own output stream and the previous draft, one
+   position further each time. Those extra rows are written past the sequence's computed length:
+   the next step's pass (1) overwrites them before any query reads them.
+
+Drafts are argmaxes, so they are deterministic (the rejection sampler treats them as one-hot
+proposals). What they are never changes the output, only how many tokens a step yields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from atom.kernels.backend import KernelSet
+from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
+from atom.model_ops.deepseek_v4_attn import PagedDeepseekV4Attention
+from atom.model_ops.kv_views import KvViews
+from atom.model_ops.step_inputs import PageTables, StepInputs
+from atom.models.deepseek_v4.layers import map_rows
+from atom.models.deepseek_v4.model import DeepseekV4Model
+
+__all__ = ["MtpDrafter"]
+
+
+class MtpDrafter:
+    """Runs ``model.mtp[0]`` on the arena and proposes ``num_tokens`` drafts per sampling request."""
+
+    def __init__(self, model: DeepseekV4Model, views: KvViews, kernels: KernelSet, num_tokens: int,
+                 max_model_len: int) -> None:
+        if not model.mtp:
+            raise ValueError("speculative decoding drafts with the MTP layer, but this checkpoint has none "
+                             "(num_nextn_predict_layers = 0)")
+        self.model, self.block = model, model.mtp[0]
+        self.attn = PagedDeepseekV4Attention(self.block.attn, views, kernels)
+        self.num_tokens, self.max_model_len = num_tokens, max_model_len
+
+    def run(self, batch: ScheduledBatch, step: StepInputs, tables: PageTables, hidden: torch.Tensor,
+            out: RunnerOutput) -> dict[int, tuple[int, ...]]:
+        """Write the MTP rows of the step's kept positions and return each sampling request's drafts.
+        ``hidden [N, hc, dim]``: the main model's final stream of every row of the step."""
+        rows, next_ids, positions, slots, last = [], [], [], [], []
+        for item, lo in zip(batch.seqs, step.cu_seqlens.tolist()):
+            kept = item.num_committed + out.accepted.get(item.seq_id, 0)
+            follow = out.sampled.get(item.seq_id, item.lookahead)  # a chunk that does not sample has a next token
+            assert follow >= 0, f"request {item.seq_id}: no token follows its chunk"
+            rows.extend(range(lo, lo + kept))
+            next_ids.extend(item.token_ids[1:kept] + (follow,))
+            positions.extend(range(item.start_pos, item.start_pos + kept))
+            slots.extend([tables.row_of[item.seq_id]] * kept)
+            if item.seq_id in out.sampled:
+                last.append((item.seq_id, len(rows) - 1))
+        dev = hidden.device
+        x, logits = self._forward(hidden[torch.tensor(rows, device=dev)], next_ids, positions, slots, step, tables,
+                                  [r for _, r in last])
+        drafts = {sid: [t] for (sid, _), t in zip(last, torch.argmax(logits, dim=-1).tolist())}
+        state = x[[r for _, r in last]]
+        pos = [positions[r] for _, r in last]
+        seq_slots = [slots[r] for _, r in last]
+        for _ in range(self.num_tokens - 1):  # recursive drafts on the MTP layer's own stream
+            keep = [i for i, p in enumerate(pos) if p + 1 < self.max_model_len]
+            if not keep:
+                break
+            ids = [drafts[last[i][0]][-1] for i in keep]
+            state, logits = self._forward(state[keep], ids, [pos[i] + 1 for i in keep], [seq_slots[i] for i in keep],
+                                          step, tables, list(range(len(keep))))
+            for i, t in zip(keep, torch.argmax(logits, dim=-1).tolist()):
+                drafts[last[i][0]].append(t)
+            last, pos, seq_slots = [last[i] for i in keep], [pos[i] + 1 for i in keep], [seq_slots[i] for i in keep]
+        return {sid: tuple(d) for sid, d in drafts.items()}
+
+    def _forward(self, h: torch.Tensor, next_ids: list[int], positions: list[int], slots: list[int],
+                 step: StepInputs, tables: PageTables, head_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MTP block over rows ``h [T, hc, dim]`` (token ``next_ids[t]`` follows position
+        ``positions[t]``): ``(its output stream [T, hc, dim], logits of head_rows)``."""
+        model, blk, rw = self.model, self.block, self.model.cfg.batch_invariant
+        dev = h.device
+        ids = torch.tensor(next_ids, dtype=torch.long, device=dev)
+        mtp_step = dataclasses.replace(step, token_ids=ids, positions=torch.tensor(positions, dtype=torch.long,
+                                                                                   device=dev),
+                                       token_slot=torch.tensor(slots, dtype=torch.int32, device=dev), committed=None)
+        x = map_rows(blk.mtp_input, rw, h, model.embed(ids))
+        y, post, comb = map_rows(blk.attn_input, rw, x)
+        a = self.attn.forward(y, mtp_step, tables)
+        x = map_rows(blk.attn_output_and_ffn, rw, a, x, post, comb, ids)
+        head = x[torch.tensor(head_rows, dtype=torch.long, device=dev)]
+        return x, map_rows(model.logits, rw, map_rows(blk.mtp_collapse, rw, head))
