@@ -167,13 +167,10 @@ def test_mtp_drafts_are_the_reference_mtp_layers_argmax(make_engine, reference):
     stream, so each draft equals the reference model's MTP prediction at that position."""
     prompt = prompts()[4]  # 70 tokens, prefilled in chunks of 37: the MTP rows span a chunk boundary
     engine = make_engine(speculative=1)
-    engine.add_request(prompt, greedy(10))
-    seq = engine.scheduler.waiting[-1]
+    seq = engine.sequence(engine.add_request(prompt, greedy(10)))
     proposed = []  # (computed tokens when proposed, draft)
     while engine.has_unfinished_requests():
-        batch = engine.scheduler.schedule()
-        out = engine.runner.execute(batch)
-        engine.scheduler.postprocess(batch, out)
+        out = engine.step_detailed().output
         if seq.seq_id in out.drafts and not seq.status.finished:
             proposed.append((seq.num_computed_tokens, out.drafts[seq.seq_id][0]))
     toks = torch.tensor(seq.token_ids)
