@@ -191,3 +191,13 @@ def test_the_benchmark_prints_acceptance_and_tokens_per_forward_for_each_draft_s
     # prefill (1 token), 2 drafts accepted (+ bonus: 3 tokens), 1 draft left within max_tokens (2 tokens)
     assert oracle.accepted == oracle.proposed == 3 and oracle.steps == 3 and oracle.tokens_per_forward == 2.0
     assert oracle.mean_acceptance_length == 2.5 and mtp.outputs == off.outputs
+
+
+def test_seeded_sampling_with_mtp_drafts_repeats_exactly_and_verifies_drafts(make_engine):
+    params = SamplingParams(max_tokens=10, temperature=0.9, top_k=40, seed=3, ignore_eos=True)
+    runs = []
+    for _ in range(2):
+        engine = make_engine(speculative=2)
+        runs.append([o.output_token_ids for o in run(engine, prompts()[:3], params)])
+        assert engine.stats().spec_proposed > 0
+    assert runs[0] == runs[1] and all(len(o) == 10 for o in runs[0])
