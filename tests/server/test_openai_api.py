@@ -131,6 +131,8 @@ def test_models_health_and_metrics_endpoints(server):
     models = server.client().models.list()
     assert [m.id for m in models.data] == [MODEL]
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    # one request of its own: the session's server may not have served any on this test worker yet
+    server.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, extra_body=EXACT)
     m = server.metrics()
     for name in ('atom_kv_arena_bytes{owner="free"}', 'atom_kv_arena_bytes{owner="swa"}',
                  'atom_kv_arena_bytes{owner="compress"}', "atom_num_requests_running", "atom_num_requests_waiting",
