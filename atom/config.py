@@ -320,6 +320,8 @@ class ModelConfig:
     weights: ``auto`` (bfloat16 on a GPU, float32 on the CPU), ``bfloat16`` or ``float32``.
     ``quant_sim``: ``auto`` (on when the checkpoint declares a ``quantization_config``), ``on`` or
     ``off``: the FP8/FP4 round trips of the release (KV rows, indexer, inputs of quantized GEMMs).
+    ``enforce_eager``: never replay decode steps from CUDA graphs (on a GPU they are captured per
+    batch-size bucket by default; on the CPU every step runs eagerly whatever this says).
     """
 
     path: str | None = None
@@ -328,9 +330,12 @@ class ModelConfig:
     device: str = "auto"
     dtype: str = "auto"
     quant_sim: str = "auto"
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         require_int("seed", self.seed, 0)
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager={self.enforce_eager!r}; accepted: True or False")
         if self.path is not None and not str(self.path).strip():
             raise ValueError("model must be a checkpoint directory, a Hugging Face repo id, or None (the built-in "
                              "tiny model)")

@@ -17,6 +17,7 @@ from atom.model_engine.draft_source import DraftSource, RunnerDrafts
 from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
+from atom.model_executor.decode_graphs import serving_graph_mode
 from atom.model_executor.model_runner import ModelRunner
 from atom.model_executor.placement import (resolve_device, resolve_dtype, resolve_model_dir, resolve_quant_sim,
                                            resolve_row_format)
@@ -97,10 +98,13 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
         # the MTP layer's KV only when it drafts
         spec = model.cfg.kv_spec(row_format, include_mtp=num_spec > 0, block_size=config.cache.block_size)
         layout = plan_kv_layout(spec, config.cache, config.scheduler)
+        # speculative steps draft after every step, so they run eagerly
+        mode = serving_graph_mode(model, enforce_eager=mc.enforce_eager or num_spec > 0, keep_logits=keep_logits,
+                                  value_checks=value_checks)
         runner = ModelRunner(model, layout, max_model_len=max_model_len, seed=mc.seed, poison=poison,
                              kernel_backend=kernel_backend, keep_logits=keep_logits,
                              eos_token_id=tokenizer.eos_token_id, value_checks=value_checks,
-                             speculative_num_tokens=num_spec)
+                             speculative_num_tokens=num_spec, graph_mode=mode)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model_cfg.vocab_size}")
     bm = BlockManager(layout, config.cache)

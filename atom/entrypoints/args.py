@@ -126,6 +126,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant-sim", default=dm.quant_sim, choices=list(QUANT_SIM),
                         help="FP8/FP4 round trips of the release on KV rows, indexer and GEMM inputs (default: "
                              "auto = on when the checkpoint declares quantization)")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="run every step eagerly; without it a GPU replays decode steps from CUDA graphs "
+                             "captured per batch-size bucket (the CPU always runs eagerly)")
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=dc.kv_cache_dtype,
                         help="KV rows stored in the arena: fp8 (fp8_ds_mla rows + FP8 indexer keys), bf16 or fp32; "
                              "auto = fp8 on a GPU for a quantized checkpoint, else fp32 (default: %(default)s)")
@@ -180,7 +183,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     ``ValueError`` (from the configs) on bad combinations."""
     return EngineConfig(
         model=ModelConfig(path=args.model, served_model_name=args.served_model_name, seed=args.seed,
-                          device=args.device, dtype=args.dtype, quant_sim=args.quant_sim),
+                          device=args.device, dtype=args.dtype, quant_sim=args.quant_sim,
+                          enforce_eager=args.enforce_eager),
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                                   speculative_num_tokens=args.speculative_num_tokens),

@@ -21,7 +21,9 @@ from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
 from atom.model_ops.kv_views import bind_kv_arena
 from atom.model_executor.mtp_draft import MtpDrafter
+from atom.model_executor.decode_graphs import GRAPH_MODES, DecodeSteps
 from atom.model_executor.sampler import Sampler
+from atom.model_ops.decode_buffers import DecodeBuffers
 from atom.model_ops.step_inputs import PageTables, StepInputs, build_step_inputs, row_subset
 from atom.model_ops.deepseek_v4_attn import PagedDeepseekV4Attention
 from atom.models.deepseek_v4.layers import map_rows
@@ -40,11 +42,15 @@ class ModelRunner:
     ``speculative_num_tokens`` > 0: after every step the model's MTP layer writes its KV rows and
     proposes that many drafts per sampling request (``RunnerOutput.drafts``, :mod:`mtp_draft`); the
     layout must then count the MTP layer.
+    ``graph_mode``: how plain decode steps run (:mod:`decode_graphs`): ``eager`` (fresh inputs every
+    step), ``padded`` (bucketed preallocated inputs, eager) or ``graph`` (those inputs, replayed from
+    CUDA graphs; a GPU); only ``eager`` with speculative decoding (every step then drafts).
     """
 
     def __init__(self, model: DeepseekV4Model, layout: KvLayout, *, max_model_len: int, seed: int = 0,
                  poison: bool = False, kernel_backend: str | None = None, keep_logits: bool = False,
-                 eos_token_id: int | None = None, value_checks: bool = False, speculative_num_tokens: int = 0) -> None:
+                 eos_token_id: int | None = None, value_checks: bool = False, speculative_num_tokens: int = 0,
+                 graph_mode: str = "eager") -> None:
         self.model = model.eval()
         self.device = model.embed.weight.device
         self.views = bind_kv_arena(layout, poison=poison, device=self.device)
@@ -57,6 +63,10 @@ class ModelRunner:
         self.keep_logits, self.value_checks = keep_logits, value_checks
         self.mtp = MtpDrafter(model, self.views, self.kernels, speculative_num_tokens, max_model_len) \
             if speculative_num_tokens else None
+        if speculative_num_tokens and graph_mode != "eager":
+            raise ValueError(f"graph_mode={graph_mode!r} runs plain decode steps only; speculative decoding "
+                             "needs graph_mode='eager'")
+        self.decode = self._decode_steps(graph_mode, layout.max_live_requests, max_model_len)
 
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
@@ -64,10 +74,13 @@ class ModelRunner:
         self.sampler.release(batch.released_ids)
         if not batch.seqs:
             return RunnerOutput({})
-        step = build_step_inputs(batch, self.tables, self.device, self.model.cfg.compress_ratios)
         checks = contextlib.nullcontext if self.value_checks else value_checks_off
+        step = None
         with checks():
-            logits, hidden = self._forward(step)
+            logits = None if self.decode is None else self.decode.run(batch, self.tables)
+            if logits is None:
+                step = build_step_inputs(batch, self.tables, self.device, self.model.cfg.compress_ratios)
+                logits, hidden = self._forward(step)
         kept: dict[int, torch.Tensor] = {}
         if self.keep_logits:
             lo = 0
@@ -79,9 +92,10 @@ class ModelRunner:
             if item.history is not None:
                 self.sampler.begin(item.seq_id, *item.history, logits.shape[-1], logits.device)
         out = self._sample(batch, logits)
-        with checks():
-            if step.committed is not None:
-                self._commit(batch, step, out.accepted)
+        if step is not None:
+            with checks():
+                if step.committed is not None:
+                    self._commit(batch, step, out.accepted)
             if self.mtp is not None:
                 out = dataclasses.replace(out, drafts=self.mtp.run(batch, step, self.tables, hidden, out))
         return dataclasses.replace(out, logits=kept) if kept else out
@@ -120,6 +134,22 @@ class ModelRunner:
                          [item.start_pos + item.num_committed for item in batch.seqs], self.device)
         for attn in self.attn:
             attn.commit(sub, step, self.tables)
+
+    def _decode_steps(self, mode: str, max_seqs: int, max_model_len: int) -> DecodeSteps | None:
+        if mode not in GRAPH_MODES:
+            raise ValueError(f"graph_mode={mode!r}; accepted: {', '.join(GRAPH_MODES)}")
+        if mode == "eager":
+            return None
+        if self.keep_logits or self.value_checks:
+            raise ValueError(f"graph_mode={mode!r} samples decode steps only: keep_logits and value_checks need "
+                             "graph_mode='eager'")
+        unsynced = [i for i, block in enumerate(self.model.layers) if not block.ffn.grouped]
+        if mode == "graph" and unsynced:
+            raise ValueError(f"graph_mode='graph' needs a forward without host reads; the routed experts of layers "
+                             f"{unsynced} run one GEMM per expert (quantized or expert-parallel); use 'eager'")
+        buffers = DecodeBuffers(max_seqs, self.model.cfg.compress_ratios, max_model_len, self.tables.padding_row,
+                                self.device)
+        return DecodeSteps(lambda step: self._forward(step)[0], buffers, capture=mode == "graph")
 
     def _forward(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the rows that sample (every row with ``keep_logits``), and the final stream of every row;

@@ -2,7 +2,9 @@
 
 ``PageTables`` is the runner-side copy of every live request's page tables, one row per live request
 (at most ``max_num_seqs``; a request gets the lowest free row when its full tables arrive and gives
-it back when it is released, so every rank that applies the same batches assigns the same rows). It
+it back when it is released, so every rank that applies the same batches assigns the same rows), plus
+one padding row (``padding_row``, the last) that no request ever gets: every page -1, so padded
+decode steps (:mod:`atom.model_ops.decode_buffers`) point their padding tokens at it. It
 is kept current by the batch's deltas: full rows for newly admitted requests, changed entries
 otherwise, rows cleared on release; nothing is re-translated from logical ids. A request's table
 row and its compressor-state page (``state_slot``, a page of the arena's state owner) are distinct.
@@ -21,11 +23,13 @@ __all__ = ["EntryList", "PageTables", "RowSubset", "StepInputs", "build_step_inp
 
 
 class PageTables:
-    """``comp`` / ``swa``: int32 ``[num_rows, max_blocks]`` physical pages, -1 = none."""
+    """``comp`` / ``swa``: int32 ``[num_rows + 1, max_blocks]`` physical pages, -1 = none (the last row is
+    ``padding_row``)."""
 
     def __init__(self, num_rows: int, max_blocks: int, device: str | torch.device = "cpu") -> None:
-        self.comp = torch.full((num_rows, max_blocks), -1, dtype=torch.int32, device=device)
-        self.swa = torch.full((num_rows, max_blocks), -1, dtype=torch.int32, device=device)
+        self.comp = torch.full((num_rows + 1, max_blocks), -1, dtype=torch.int32, device=device)
+        self.swa = torch.full((num_rows + 1, max_blocks), -1, dtype=torch.int32, device=device)
+        self.padding_row = num_rows
         self.row_of: dict[int, int] = {}
         self._free_rows = list(range(num_rows - 1, -1, -1))
 
@@ -40,7 +44,7 @@ class PageTables:
         for new in batch.new_tables:
             row = self.row_of.get(new.seq_id)
             if row is None:
-                assert self._free_rows, f"more live requests than the {self.comp.shape[0]} table rows"
+                assert self._free_rows, f"more live requests than the {self.padding_row} table rows"
                 row = self.row_of[new.seq_id] = self._free_rows.pop()
             self._write_row(self.comp[row], new.comp_pages)
             self._write_row(self.swa[row], new.swa_pages)

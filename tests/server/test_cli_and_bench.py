@@ -35,9 +35,9 @@ def test_serve_flags_build_exactly_one_engine_config():
     args = cli.build_parser().parse_args(
         ["serve", "/models/x", "--max-model-len", "512", "--max-num-seqs", "3", "--max-num-batched-tokens", "64",
          "--kv-cache-memory", "8MiB", "--block-size", "16", "--no-enable-prefix-caching", "--served-model-name", "m",
-         "--seed", "7", "--port", "0", "--api-key", "k"])
+         "--seed", "7", "--port", "0", "--api-key", "k", "--enforce-eager"])
     assert engine_config_from_args(args) == EngineConfig(
-        ModelConfig(path="/models/x", served_model_name="m", seed=7),
+        ModelConfig(path="/models/x", served_model_name="m", seed=7, enforce_eager=True),
         SchedulerConfig(max_model_len=512, max_num_seqs=3, max_num_batched_tokens=64),
         CacheConfig(kv_cache_bytes=8 << 20, block_size=16, enable_prefix_caching=False))
     defaults = engine_config_from_args(cli.build_parser().parse_args(["serve"]))

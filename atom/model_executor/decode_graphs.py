@@ -1,0 +1,87 @@
+"""Decode steps through bucketed, preallocated inputs, replayed from CUDA graphs on a GPU.
+
+Modes (``ModelRunner(graph_mode=...)``):
+
+* ``eager``: every step builds fresh inputs (:func:`~atom.model_ops.step_inputs.build_step_inputs`);
+  the CPU default, and what ``--enforce-eager`` selects on a GPU;
+* ``padded``: plain decode steps (:meth:`DecodeBuffers.bucket_for`) run eagerly on the bucketed
+  buffers, padded to their bucket: the graph path's inputs without capture, so it runs and is tested
+  on the CPU;
+* ``graph``: as ``padded``, but the forward of each bucket is captured once in a CUDA graph (on the
+  bucket's first step) and replayed: one launch of the whole recorded step instead of one per op.
+  Needs a CUDA device (ROCm builds of torch expose HIP graphs through the same API) and a forward
+  that never reads a device value back: every routed-expert layer on the grouped path (dense experts,
+  all held on this rank).
+
+Other steps (prefill chunks, steps that admit or resume a request, batches over the largest bucket)
+run eagerly in every mode. Capture runs on padding-only inputs, which write nothing into the arena
+(see :mod:`atom.model_ops.decode_buffers`), after two warm-up runs on a side stream (lazily created
+workspaces, the stacked expert weights); all buckets share one graph memory pool.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from atom.model_engine.outputs import ScheduledBatch
+from atom.model_ops.decode_buffers import DecodeBuffers
+from atom.model_ops.step_inputs import PageTables, StepInputs
+
+__all__ = ["GRAPH_MODES", "DecodeSteps", "serving_graph_mode"]
+
+GRAPH_MODES = ("eager", "padded", "graph")
+
+
+def serving_graph_mode(model: torch.nn.Module, *, enforce_eager: bool, keep_logits: bool = False,
+                       value_checks: bool = False) -> str:
+    """The mode a served engine runs: ``graph`` on a CUDA/ROCm device unless ``--enforce-eager`` is given,
+    logits of every token are kept, value checks are on, or a layer's routed experts run one GEMM per
+    expert (quantized experts, whose GEMM ops take one weight each: their dispatch reads the routing
+    back); ``eager`` otherwise (always on the CPU, where a step has no launch cost to save)."""
+    on_gpu = model.embed.weight.device.type == "cuda"
+    grouped = all(block.ffn.grouped for block in model.layers)
+    return "graph" if on_gpu and grouped and not (enforce_eager or keep_logits or value_checks) else "eager"
+
+
+class DecodeSteps:
+    """Runs plain decode steps of up to ``buffers.sizes[-1]`` requests through ``forward`` (the runner's
+    model forward: ``StepInputs`` -> logits of ``sample_rows``) on ``buffers``; ``capture``: in CUDA graphs."""
+
+    def __init__(self, forward: Callable[[StepInputs], torch.Tensor], buffers: DecodeBuffers, *,
+                 capture: bool) -> None:
+        if capture and not torch.cuda.is_available():
+            raise ValueError("CUDA-graph capture needs a CUDA or ROCm GPU; on the CPU decode steps run eagerly")
+        self.forward, self.buffers, self.capture = forward, buffers, capture
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def run(self, batch: ScheduledBatch, tables: PageTables) -> torch.Tensor | None:
+        """Logits ``[len(batch.seqs), vocab]`` of a plain decode step (``tables`` already updated by it), or
+        None when ``batch`` is not one (the caller runs it eagerly)."""
+        size = self.buffers.bucket_for(batch)
+        if size is None:
+            return None
+        if not self.capture:
+            return self.forward(self.buffers.fill(batch, tables))[: len(batch.seqs)]
+        if size not in self.graphs:
+            self.graphs[size] = self._capture(size)
+        graph, logits = self.graphs[size]
+        self.buffers.fill(batch, tables)
+        graph.replay()
+        return logits[: len(batch.seqs)]
+
+    def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        self.buffers.pad(size)
+        step = self.buffers.inputs(size)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.forward(step)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self.forward(step)
+        return graph, logits

@@ -1,0 +1,116 @@
+"""Decode-step inputs in preallocated tensors of bucketed sizes: what a captured CUDA graph reads.
+
+A captured graph replays fixed kernels on fixed addresses, so a decode step that replays one must put
+its metadata into the same tensors every time, with shapes that depend only on the batch-size bucket.
+:class:`DecodeBuffers` holds those tensors, sized once for the largest bucket, and
+:meth:`DecodeBuffers.fill` writes a decode batch into the first rows, padded up to its bucket.
+
+A step qualifies (:meth:`DecodeBuffers.bucket_for`) when every request decodes one token (no drafts), none is
+newly admitted (``state_reset``: its ring is cleared before use) or resumes from a prefix hit
+(``restore_page``), and the batch fits the largest bucket. Its :class:`StepInputs` then fixes every
+host value the forward reads (``max_pos`` = ``max_model_len - 1`` so index widths do not follow the
+positions, ``max_len`` = 1, no reset, no restore) and every shape (``T = S = bucket``; entry lists of
+``bucket // ratio + bucket`` entries; every row samples).
+
+Padding requests are inert: their tokens sit at position 0 in the page tables' padding row (every
+page -1, never handed to a request, so ``swa_write`` and the capture skip them), their state slot is
+-1 (the compressor state kernels skip them) and they complete no entry. Their attention reads
+nothing, and every op outside attention is per token, so the real rows compute what they compute
+without padding, up to the rounding of index lists widened with -1 entries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atom.model_engine.outputs import ScheduledBatch
+from atom.model_ops.step_inputs import EntryList, PageTables, StepInputs
+
+__all__ = ["DecodeBuffers", "decode_buckets"]
+
+
+def decode_buckets(max_seqs: int) -> tuple[int, ...]:
+    """Batch sizes a decode step is padded to: powers of two below ``max_seqs``, then ``max_seqs``."""
+    if max_seqs < 1:
+        raise ValueError(f"max_seqs must be >= 1, got {max_seqs}")
+    sizes = [1 << i for i in range(max_seqs.bit_length()) if 1 << i < max_seqs]
+    return tuple(sizes + [max_seqs])
+
+
+class DecodeBuffers:
+    """Persistent decode-step tensors for batches of up to ``max_seqs`` requests on ``device``."""
+
+    def __init__(self, max_seqs: int, ratios: tuple[int, ...], max_model_len: int, padding_row: int,
+                 device: str | torch.device = "cpu") -> None:
+        self.sizes = decode_buckets(max_seqs)
+        self.max_model_len, self.padding_row = max_model_len, padding_row
+        self.ratios = tuple(sorted(set(ratios) - {0}))
+        n = self.sizes[-1]
+
+        def zeros(size: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(size, dtype=dtype, device=device)
+
+        self.token_ids, self.positions = zeros(n, torch.long), zeros(n, torch.long)
+        self.token_slot, self.pos_start = zeros(n, torch.int32), zeros(n, torch.int32)
+        self.slots, self.rows = zeros(n, torch.int32), zeros(n, torch.int32)
+        self.cu_seqlens = torch.arange(n + 1, dtype=torch.int32, device=device)  # one token per request
+        self.reset = zeros(n, torch.bool)
+        self.restore_src = torch.full((n,), -1, dtype=torch.int32, device=device)
+        self.sample_rows = torch.arange(n, dtype=torch.long, device=device)
+        self.entry_seq = {r: zeros(n // r + n, torch.long) for r in self.ratios}
+        self.entry_ids = {r: zeros(n // r + n, torch.long) for r in self.ratios}
+
+    def bucket_for(self, batch: ScheduledBatch) -> int | None:
+        """The bucket ``batch`` is padded to, or None when it is not a plain decode step that fits."""
+        n = len(batch.seqs)
+        if n == 0 or n > self.sizes[-1]:
+            return None
+        if any(s.num_tokens != 1 or s.num_draft or s.state_reset or s.restore_page >= 0 for s in batch.seqs):
+            return None
+        return next(size for size in self.sizes if size >= n)
+
+    def inputs(self, size: int) -> StepInputs:
+        """The :class:`StepInputs` of bucket ``size`` over the buffers (views: the same addresses every
+        time; contents are whatever :meth:`fill` last wrote)."""
+        entries = {r: EntryList(self.entry_seq[r][: size // r + size], self.entry_ids[r][: size // r + size])
+                   for r in self.ratios}
+        return StepInputs(
+            token_ids=self.token_ids[:size], positions=self.positions[:size], token_slot=self.token_slot[:size],
+            cu_seqlens=self.cu_seqlens[: size + 1], pos_start=self.pos_start[:size], slots=self.slots[:size],
+            rows=self.rows[:size], reset=self.reset[:size], restore_src=self.restore_src[:size], entries=entries,
+            sample_rows=self.sample_rows[:size], max_pos=self.max_model_len - 1, max_len=1, any_reset=False,
+            any_restore=False, seq_ids=[], lengths=[1] * size, num_draft=[0] * size)
+
+    def pad(self, size: int) -> None:
+        """Make every row of bucket ``size`` a padding request (graph capture runs on these)."""
+        self._write(size, [], [], [], [])
+
+    def fill(self, batch: ScheduledBatch, tables: PageTables) -> StepInputs:
+        """Write decode ``batch`` (``bucket_for`` not None; ``tables`` already updated by it) into the
+        buffers, padded to its bucket; return that bucket's inputs."""
+        size = self.bucket_for(batch)
+        assert size is not None, "fill() takes plain decode steps that fit the largest bucket"
+        seqs = batch.seqs
+        self._write(size, [s.token_ids[-1] for s in seqs], [s.start_pos for s in seqs],
+                    [tables.row_of[s.seq_id] for s in seqs], [s.state_slot for s in seqs])
+        step = self.inputs(size)
+        step.seq_ids, step.lengths = [s.seq_id for s in seqs], [1] * len(seqs)
+        return step
+
+    def _write(self, size: int, tokens: list[int], positions: list[int], rows: list[int], slots: list[int]) -> None:
+        pad = size - len(tokens)
+        host = torch.tensor([tokens + [0] * pad, positions + [0] * pad, rows + [self.padding_row] * pad,
+                             slots + [-1] * pad], dtype=torch.long)
+        self.token_ids[:size].copy_(host[0], non_blocking=True)
+        self.positions[:size].copy_(host[1], non_blocking=True)
+        self.pos_start[:size].copy_(host[1], non_blocking=True)
+        self.token_slot[:size].copy_(host[2], non_blocking=True)
+        self.rows[:size].copy_(host[2], non_blocking=True)
+        self.slots[:size].copy_(host[3], non_blocking=True)
+        for r in self.ratios:  # a request completes entry p // r when its position p is the entry's last
+            done = [(s, p // r) for s, p in enumerate(positions) if (p + 1) % r == 0]
+            e = size // r + size
+            ent = torch.tensor([[s for s, _ in done] + [-1] * (e - len(done)),
+                                [i for _, i in done] + [0] * (e - len(done))], dtype=torch.long)
+            self.entry_seq[r][:e].copy_(ent[0], non_blocking=True)
+            self.entry_ids[r][:e].copy_(ent[1], non_blocking=True)
