@@ -1,5 +1,6 @@
 """One decode step of the paged engine reads nothing back from the device and dispatches the same ops
-whatever the batch size (what CUDA-graph capture needs), counted with a TorchDispatchMode."""
+whatever the batch size (what CUDA-graph capture needs), and a prefill step the same ops whatever the
+chunk length, counted with a TorchDispatchMode."""
 
 import pytest
 import torch
@@ -30,6 +31,11 @@ def decode_step_ops(model, batch_size):
     engine.step()  # the prefill of every request
     runner, batch = engine.runner, engine.scheduler.schedule()  # the decode step, run below by the runner alone
     assert len(batch.seqs) == batch_size and all(s.num_tokens == 1 for s in batch.seqs)
+    return counted_step(runner, batch)
+
+
+def counted_step(runner, batch):
+    """(the ops of the model forward inside ``runner.execute(batch)``, the RunnerOutput)."""
     inner, counters = runner._forward, []
 
     def counted(step):
@@ -40,6 +46,7 @@ def decode_step_ops(model, batch_size):
 
     runner._forward = counted
     out = runner.execute(batch)
+    runner._forward = inner
     return counters[0], out
 
 
@@ -53,3 +60,19 @@ def test_a_decode_step_never_syncs_and_its_op_count_does_not_depend_on_the_batch
     assert one.total == many.total and one.total > 0
     assert one.ops == many.ops
     assert len(out1.sampled) == 1 and len(out32.sampled) == 32
+
+
+def prefill_ops(model, num_tokens):
+    """Ops of the forward of one request's first prefill chunk of ``num_tokens`` tokens."""
+    engine = make_engine(model, 1, 128, num_tokens)
+    engine.add_request(prompt(num_tokens, 0), SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    return counted_step(engine.runner, engine.scheduler.schedule())[0]
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_a_prefill_step_never_syncs_and_its_op_count_does_not_depend_on_the_chunk_length(thin):
+    prefill_ops(thin, 8)  # the first forward stacks the experts' weights once
+    short, long = prefill_ops(thin, 40), prefill_ops(thin, 100)
+    assert short.syncs == 0 and long.syncs == 0
+    assert short.ops == long.ops and short.total > 0
