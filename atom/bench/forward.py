@@ -10,10 +10,13 @@ model it runs the paged engine (torch kernels) and measures:
 * decode at batch 1 / 8 / 32 / 128 (every request holds ``--context`` tokens), and
 * one prefill chunk of ``--prefill`` tokens (a single request),
 
-printing per case the aten ops per layer and the host syncs (``item``/``nonzero``/``tolist``) inside
-the model forward (:class:`~atom.bench.op_count.OpCounter`), and the wall ms of the whole step
-(``ModelRunner.execute``: inputs, forward, sampling; median of ``--repeats``). The same figures
-follow for the reference model on the same weights (its per-sequence ``forward_batch``; one run).
+printing per case the aten ops per layer, the estimated GPU kernel launches per layer (views launch
+nothing, a kernel op of :mod:`atom.kernels` is one launch however many ops its torch reference runs;
+:attr:`~atom.bench.op_count.OpCounter.launches`) and the host syncs (``item``/``nonzero``/``tolist``)
+inside the model forward, and the wall ms of the whole step (``ModelRunner.execute``: inputs,
+forward, sampling; median of ``--repeats``). The same figures follow for the reference model on the
+same weights (its per-sequence ``forward_batch``; one run), unless ``--no-reference``: the reference
+decodes each request separately over its whole cache and takes minutes at batch 32 on a CPU.
 
 ``--quick`` shrinks the run for a shared CPU: batches 1 / 8 / 32, context 160, prefill 256 and 512.
 The last line is ``ops_per_layer_b1=<int> ops_per_layer_b32=<int> host_syncs=<int>
@@ -99,8 +102,8 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
 
 
 def engine_step(model: DeepseekV4Model, prompts: list[list[int]], repeats: int,
-                decode: bool) -> tuple[int, int, float]:
-    """(aten ops in the forward, host syncs in the forward, wall ms of the step) for the step that
+                decode: bool) -> tuple[int, int, int, float]:
+    """(aten ops, estimated launches and host syncs in the forward, wall ms of the step) for the step that
     decodes every request (``decode``) or for the first (prefill) step."""
     longest = max(map(len, prompts))
     budget = max(longest, len(prompts))
@@ -126,7 +129,7 @@ def engine_step(model: DeepseekV4Model, prompts: list[list[int]], repeats: int,
     runner.execute(batch)
     runner._forward = inner
     ms = timed(lambda: runner.execute(batch), repeats)  # a decode/prefill step re-run writes the same rows
-    return seen[0].total, seen[0].syncs, ms
+    return seen[0].total, seen[0].launches, seen[0].syncs, ms
 
 
 def reference_step(model: DeepseekV4Model, prompts: list[list[int]], decode: bool) -> tuple[int, int, float]:
@@ -146,23 +149,28 @@ def reference_step(model: DeepseekV4Model, prompts: list[list[int]], decode: boo
 
 
 def report(kind: str, model: DeepseekV4Model, batches: tuple[int, ...], context: int, prefills: tuple[int, ...],
-           repeats: int) -> dict[int, tuple[int, int, float]]:
+           repeats: int, reference: bool) -> dict[int, tuple[int, int, float]]:
     n = model.cfg.n_layers
     print(f"thin {kind}: {n} layers, {model.cfg.n_routed_experts} experts, ratios "
           f"{sorted(set(model.cfg.compress_ratios))}")
-    print(f"{'case':>14} | {'engine ops/layer':>16} {'syncs':>6} {'ms/step':>9} | "
+    print(f"{'case':>14} | {'engine ops/layer':>16} {'launches/layer':>14} {'syncs':>6} {'ms/step':>9} | "
           f"{'ref ops/layer':>13} {'syncs':>6} {'ms/step':>9}")
     decode: dict[int, tuple[int, int, float]] = {}
     cases = [(f"decode b{b}", [prompt(context, i) for i in range(b)], True) for b in batches]
     cases += [(f"prefill {t}", [prompt(t, 0)], False) for t in prefills]
     for name, prompts, is_decode in cases:
-        ops, syncs, ms = engine_step(model, prompts, repeats, is_decode)
-        r_ops, r_syncs, r_ms = reference_step(model, prompts, is_decode)
-        print(f"{name:>14} | {ops // n:>16} {syncs:>6} {ms:>9.1f} | {r_ops // n:>13} {r_syncs:>6} {r_ms:>9.1f}",
-              flush=True)
+        ops, launches, syncs, ms = engine_step(model, prompts, repeats, is_decode)
+        ref = "-" if not reference else "{:>13} {:>6} {:>9.1f}".format(*_per_layer(reference_step(model, prompts,
+                                                                                                 is_decode), n))
+        print(f"{name:>14} | {ops // n:>16} {launches // n:>14} {syncs:>6} {ms:>9.1f} | {ref}", flush=True)
         if is_decode:
             decode[len(prompts)] = (ops // n, syncs, ms)
     return decode
+
+
+def _per_layer(figures: tuple[int, int, float], n: int) -> tuple[int, int, float]:
+    ops, syncs, ms = figures
+    return ops // n, syncs, ms
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -172,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=None, help="tokens each decoding request holds")
     ap.add_argument("--repeats", type=int, default=3, help="timed re-runs of each engine step (median)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
+    ap.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the reference model on each case (default: on)")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.models.split(",") if k.strip()]
     bad = [k for k in kinds if k not in ("flash", "pro")]
@@ -187,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     flash = None
     with torch.no_grad():
         for kind in kinds:
-            result = report(kind, thin_model(kind), batches, context, prefills, args.repeats)
+            result = report(kind, thin_model(kind), batches, context, prefills, args.repeats, args.reference)
             flash = result if kind == "flash" else flash
     b1, b32 = flash[1], flash[32]
     syncs = max(v[1] for v in flash.values())

@@ -28,6 +28,7 @@ from atom.model_ops.step_inputs import PageTables, StepInputs, build_step_inputs
 from atom.model_ops.deepseek_v4_attn import PagedDeepseekV4Attention
 from atom.models.deepseek_v4.layers import map_rows
 from atom.models.deepseek_v4.model import DeepseekV4Model
+from atom.models.deepseek_v4.rope import shared_rope_tables
 
 __all__ = ["ModelRunner"]
 
@@ -156,10 +157,11 @@ class ModelRunner:
         no device value is read back."""
         model, rw = self.model, self.model.cfg.batch_invariant
         h = model.embed_tokens(step.token_ids)
-        for block, attn in zip(model.layers, self.attn):
-            x, post, comb = map_rows(block.attn_input, rw, h)
-            a = attn.forward(x, step, self.tables)
-            h = map_rows(block.attn_output_and_ffn, rw, a, h, post, comb, step.token_ids)
+        with shared_rope_tables():  # each layer's rotations share one table per positions tensor
+            for block, attn in zip(model.layers, self.attn):
+                x, post, comb = map_rows(block.attn_input, rw, h)
+                a = attn.forward(x, step, self.tables)
+                h = map_rows(block.attn_output_and_ffn, rw, a, h, post, comb, step.token_ids)
         if not self.keep_logits:
             if step.sample_rows.shape[0] == 0:
                 return h.new_empty((0, model.cfg.vocab_size), dtype=torch.float32), h

@@ -80,7 +80,7 @@ class PagedDeepseekV4Attention:
     def forward(self, x: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
         rw = self.cfg.batch_invariant
         p: Projections = map_rows(self.attn.project, rw, x, step.positions)
-        pos32 = step.positions.to(torch.int32)
+        pos32 = step.derive(("pos32",), lambda: step.positions.to(torch.int32))
         main_codec = self.views.main_codec
         rows = self.views.swa[self.layer]
         self.k.swa_write(_values(p.kv, rows, main_codec), rows, tables.swa, step.token_slot, pos32,
@@ -99,8 +99,9 @@ class PagedDeepseekV4Attention:
                                self.views.index_state[self.layer], self.views.index[self.layer],
                                self.index_region, "index", self.views.index_codec)
             comp_idx = self._comp_index(p, step, tables, pos32)
-        window_idx = self.k.build_window_index(tables.swa, step.token_slot, pos32, window=self.cfg.window_size,
-                                               block_size=self.block_size, row_stride=self.swa_region.page_rows)
+        geo = dict(window=self.cfg.window_size, block_size=self.block_size, row_stride=self.swa_region.page_rows)
+        window_idx = step.derive(("window_index", *geo.values()), lambda: self.k.build_window_index(
+            tables.swa, step.token_slot, pos32, **geo))
         o = self.k.sparse_attention(_values(p.q, rows, main_codec), rows, window_idx,
                                     None if comp_idx is None else self.views.comp[self.layer], comp_idx,
                                     self.attn.attn_sink.float(), scale=float(self.attn.scale), codec=main_codec)
@@ -139,9 +140,13 @@ class PagedDeepseekV4Attention:
         if step.committed is not None:
             self._advance_hca(rows, step.committed, step)
         ent = step.entries[comp.ratio]
-        seq = ent.seq.clamp(min=0)
-        tok = step.cu_seqlens.long()[seq] + (ent.ids + 1) * comp.ratio - 1 - step.pos_start.long()[seq]
-        tok = torch.where(ent.seq >= 0, tok, 0)  # padding entries read row 0 and are not written
+
+        def last_tokens() -> torch.Tensor:
+            seq = ent.seq.clamp(min=0)
+            tok = step.cu_seqlens.long()[seq] + (ent.ids + 1) * comp.ratio - 1 - step.pos_start.long()[seq]
+            return torch.where(ent.seq >= 0, tok, 0)  # padding entries read row 0 and are not written
+
+        tok = step.derive(("hca_last_tokens", comp.ratio), last_tokens)
         self._write_entries(comp.finish_entries(pooled[tok], ent.ids), ent, step, tables, self.views.comp[self.layer],
                             self.comp_region, self.views.main_codec)
 
@@ -168,7 +173,8 @@ class PagedDeepseekV4Attention:
         self.k.compressor_state_update(kv, score, zero_ape, state[0], state[1], step.slots, cu, start)
         csa = self.views.csa[self.layer]
         dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
-        self.k.csa_boundary_capture(kv, score, zero_ape, dst[0], dst[1], tables.swa[step.rows.long()], cu, start,
+        swa_pages = step.derive(("swa_table_rows",), lambda: tables.swa[step.rows.long()])
+        self.k.csa_boundary_capture(kv, score, zero_ape, dst[0], dst[1], swa_pages, cu, start,
                                     block_size=self.block_size)
 
     def commit(self, accepted: RowSubset, step: StepInputs, tables: PageTables) -> None:
@@ -185,9 +191,10 @@ class PagedDeepseekV4Attention:
 
     def _write_entries(self, entries: torch.Tensor, ent: EntryList, step: StepInputs, tables: PageTables,
                        out_rows: torch.Tensor, region, codec) -> None:
-        row = torch.where(ent.seq >= 0, step.rows[ent.seq.clamp(min=0)], -1)
+        row, ids = step.derive(("entry_table_rows", id(ent)), lambda: (
+            torch.where(ent.seq >= 0, step.rows[ent.seq.clamp(min=0)], -1), ent.ids.to(torch.int32)))
         self.k.compressed_write(_values(entries, out_rows, codec), out_rows, tables.comp, row,
-                                ent.ids.to(torch.int32), entries_per_block=region.used_rows,
+                                ids, entries_per_block=region.used_rows,
                                 pages_per_chunk=region.pages_per_chunk, chunk_rows=region.chunk_rows, codec=codec)
 
     def _compress(self, comp: Compressor, rows: tuple[torch.Tensor, torch.Tensor], step: StepInputs,
@@ -203,16 +210,10 @@ class PagedDeepseekV4Attention:
                           ent: EntryList, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Every entry of ``ent`` at once, ``[E, c]``: ``Compressor.entry_sources`` says which rows each pools;
         a row at a position inside its sequence's chunk comes from the fresh projections, an earlier one from
-        the slot's ring (``entry_pool``); padding entries give rows that ``compressed_write`` skips."""
-        seq = ent.seq.clamp(min=0)
-        start = step.pos_start.long()[seq][:, None]
-        first = step.cu_seqlens.long()[seq][:, None]
-        slot = step.slots.long()[seq][:, None]
-        pos, col, pad = comp.entry_sources(ent.ids)
-        live = (ent.seq >= 0)[:, None]  # padding entries read padding rows only (their indices may be anything)
-        fresh = (pos >= start) & ~pad & live
-        fresh_row = torch.where(fresh, first + pos - start, -1).to(torch.int32)
-        ring_row = torch.where(fresh | pad | ~live, -1, slot * comp.ring_size + pos % comp.ring_size).to(torch.int32)
+        the slot's ring (``entry_pool``); padding entries give rows that ``compressed_write`` skips. The row
+        indices depend only on the step and the compressor's geometry: computed once per step."""
+        fresh_row, ring_row, col = step.derive(("entry_rows", comp.ratio, comp.ring_size, comp.head_dim),
+                                               lambda: _entry_rows(comp, step, ent))
         pooled = self.k.entry_pool(kv, score, state[0], state[1], fresh_row, ring_row, col, width=comp.head_dim)
         return comp.finish_entries(pooled, ent.ids)
 
@@ -223,7 +224,8 @@ class PagedDeepseekV4Attention:
                    chunk_rows=reg.chunk_rows)
         if self.attn.indexer is None:
             width = bucket((step.max_pos + 1) // self.ratio)
-            return self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=width, **geo)
+            return step.derive(("comp_index", width, *geo.values()), lambda: self.k.build_comp_index(
+                tables.comp, step.token_slot, pos32, None, width=width, **geo))
         picks = self._topk(self.attn.indexer, p, step, tables, pos32)
         return self.k.build_comp_index(tables.comp, step.token_slot, pos32, picks, width=picks.shape[1], **geo)
 
@@ -232,13 +234,28 @@ class PagedDeepseekV4Attention:
         """int32 ``[T, index_topk]`` logical entries each query attends (ascending, -1 padded), for every
         query of the step at once over its keys gathered from the arena."""
         reg, ratio = self.index_region, self.ratio  # a CSA layer's: only CSA layers have an indexer
-        width = bucket((step.max_pos + 1) // ratio)
-        key_rows = self.k.build_comp_index(tables.comp, step.token_slot, pos32, None, width=width, ratio=ratio,
-                                           entries_per_block=reg.used_rows, pages_per_chunk=reg.pages_per_chunk,
-                                           chunk_rows=reg.chunk_rows)
+        geo = dict(width=bucket((step.max_pos + 1) // ratio), ratio=ratio, entries_per_block=reg.used_rows,
+                   pages_per_chunk=reg.pages_per_chunk, chunk_rows=reg.chunk_rows)
+        key_rows = step.derive(("comp_index", *geo.values()), lambda: self.k.build_comp_index(
+            tables.comp, step.token_slot, pos32, None, **geo))
         scores = self.k.index_score(p.index_q.contiguous(), p.index_w.contiguous(), self.views.index[self.layer],
                                     key_rows, codec=self.views.index_codec)
-        return indexer.select_scores(scores, (step.positions + 1) // ratio, self.cfg.index_topk)
+        visible = step.derive(("visible_entries", ratio), lambda: (step.positions + 1) // ratio)
+        return indexer.select_scores(scores, visible, self.cfg.index_topk)
+
+
+def _entry_rows(comp: Compressor, step: StepInputs, ent: EntryList) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int32 ``(fresh_row [E, R], ring_row [E, R], col [R])`` of ``entry_pool`` for the entries ``ent``."""
+    seq = ent.seq.clamp(min=0)
+    start = step.pos_start.long()[seq][:, None]
+    first = step.cu_seqlens.long()[seq][:, None]
+    slot = step.slots.long()[seq][:, None]
+    pos, col, pad = comp.entry_sources(ent.ids)
+    live = (ent.seq >= 0)[:, None]  # padding entries read padding rows only (their indices may be anything)
+    fresh = (pos >= start) & ~pad & live
+    fresh_row = torch.where(fresh, first + pos - start, -1).to(torch.int32)
+    ring_row = torch.where(fresh | pad | ~live, -1, slot * comp.ring_size + pos % comp.ring_size).to(torch.int32)
+    return fresh_row, ring_row, col
 
 
 def _values(x: torch.Tensor, rows: torch.Tensor, codec) -> torch.Tensor:

@@ -12,7 +12,8 @@ row and its compressor-state page (``state_slot``, a page of the arena's state o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -132,6 +133,16 @@ class StepInputs:
     # drafts): compressor state advances over these only, the accepted drafts' after verification
     num_draft: list[int]
     committed: RowSubset | None = None
+    # tensors derived from the ones above that several layers need (e.g. the rows each CSA entry pools),
+    # computed by the first layer that asks; empty when the step starts
+    derived: dict = field(default_factory=dict)
+
+    def derive(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()``, computed once per step for ``key`` (which must name everything ``make`` depends on
+        besides this step's tensors and the page tables, both unchanged during the forward)."""
+        if key not in self.derived:
+            self.derived[key] = make()
+        return self.derived[key]
 
 
 def _entry_list(batch: ScheduledBatch, ratio: int, num_tokens: int, device: str | torch.device) -> EntryList:

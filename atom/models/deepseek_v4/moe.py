@@ -127,22 +127,19 @@ class MoE(nn.Module):
         return y
 
     def routed(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """fp32 ``[T, dim]``: the (token, expert) pairs sorted by expert, one grouped GEMM over them (here one
-        batched matmul with each row's expert weights), then each token's outputs summed in ascending expert order.
-        Shapes depend only on ``T`` and top-k: no per-expert loop, no data-dependent sizes."""
+        """fp32 ``[T, dim]``: each token's (token, expert) pairs put in ascending expert order, all pairs sorted by
+        expert, one grouped GEMM over them (here one batched matmul with each row's expert weights), the outputs
+        put back in token order and each token's summed over its experts in ascending order (a sum over the
+        pair dim). Shapes depend only on ``T`` and top-k: no per-expert loop, no data-dependent sizes."""
         t, k = idx.shape
-        flat = idx.clone(memory_format=torch.contiguous_format).view(-1)  # same ops whatever idx's strides
+        by_expert, slot = torch.sort(idx, dim=1, stable=True)  # each token's experts ascending
+        flat = by_expert.view(-1)
         order = torch.sort(flat, stable=True).indices  # grouped by expert, token order inside a group
-        expert, rows = flat[order], order // k
-        out = grouped_swiglu(x[rows], self.stacked_weights(), expert, weights.reshape(-1)[order], self.experts[0].limit)
+        out = grouped_swiglu(x[order // k], self.stacked_weights(), flat[order],
+                             weights.gather(1, slot).view(-1)[order], self.experts[0].limit)
         back = torch.empty_like(out)
         back[order] = out
-        by_expert = torch.sort(idx, dim=1, stable=True).indices  # each token's slots in ascending expert order
-        back = back.reshape(t, k, -1).gather(1, by_expert[:, :, None].expand(-1, -1, out.shape[1]))
-        y = back[:, 0]
-        for j in range(1, k):
-            y = y + back[:, j]
-        return y
+        return back.view(t, k, -1).sum(dim=1)
 
     def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(w1 [E, inter, dim], w3 [E, inter, dim], w2 [E, dim, inter])`` of the routed experts, stacked once and

@@ -12,6 +12,9 @@ other positions share the call.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator
 
 import torch
 
@@ -45,19 +48,51 @@ def layer_frequencies(cfg: DeepseekV4Config, ratio: int) -> torch.Tensor:
                             cfg.beta_fast, cfg.beta_slow)
 
 
+_SHARED_TABLES: ContextVar[dict | None] = ContextVar("atom_rope_tables", default=None)
+
+
+@contextmanager
+def shared_rope_tables() -> Iterator[None]:
+    """Inside this scope :func:`apply_rope` computes the rotation tables of a ``(positions, freqs)`` pair
+    (the same tensor objects) once: a layer rotates its queries, KV rows, indexer queries and output
+    with the same positions. The tables are kept until the scope ends; tensors must not be changed in
+    place inside it (the paged forward's step tensors are not)."""
+    token = _SHARED_TABLES.set({})
+    try:
+        yield
+    finally:
+        _SHARED_TABLES.reset(token)
+
+
+def rope_tables(positions: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``(cos2, sin2)`` ``[T, 2 * len(freqs)]``: ``cos2 = (c_0, c_0, c_1, c_1, ...)``, ``sin2 = (-s_0, s_0,
+    -s_1, s_1, ...)`` with ``c_k, s_k`` the cosine and sine of ``positions * freqs[k]``."""
+    shared = _SHARED_TABLES.get()
+    key = (id(positions), id(freqs))
+    if shared is not None and key in shared:
+        return shared[key][2]
+    angles = positions.to(torch.float32)[:, None] * freqs.to(positions.device)[None, :]
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    tables = torch.stack((cos, cos), dim=-1).flatten(-2), torch.stack((-sin, sin), dim=-1).flatten(-2)
+    if shared is not None:
+        shared[key] = (positions, freqs, tables)  # holding the keys' tensors keeps their ids unique
+    return tables
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """Rotate the last ``2 * len(freqs)`` dims of ``x`` (``[T, ..., D]``) by ``positions`` (``[T]``).
 
-    Returns a new tensor; the other dims are copied unchanged.  ``inverse`` rotates by ``-pos``.
+    Returns a new tensor; the other dims are copied unchanged.  ``inverse`` rotates by ``-pos``.  Each pair
+    is ``(e c - o s, o c + e s)``, computed as ``x * cos2 + swap(x) * sin2`` (``swap`` exchanges the two
+    members of each pair; ``e c + o (-s)`` rounds exactly like ``e c - o s``).
     """
     rd = 2 * freqs.shape[0]
-    angles = positions.to(torch.float32)[:, None] * freqs.to(positions.device)[None, :]
-    cos, sin = torch.cos(angles), torch.sin(angles)
+    cos2, sin2 = rope_tables(positions, freqs)
     if inverse:
-        sin = -sin
-    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (rd // 2,)
-    cos, sin = cos.reshape(shape), sin.reshape(shape)
+        sin2 = -sin2
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (rd,)
+    cos2, sin2 = cos2.reshape(shape), sin2.reshape(shape)
     tail = x[..., -rd:].float()
-    even, odd = tail[..., 0::2], tail[..., 1::2]
-    rot = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    swapped = tail.unflatten(-1, (rd // 2, 2)).flip(-1).flatten(-2)
+    rot = tail * cos2 + swapped * sin2
     return torch.cat((x[..., :-rd], rot.to(x.dtype)), dim=-1)
