@@ -52,7 +52,7 @@ def test_a_step_of_padding_requests_writes_nothing_into_the_arena(thin, layout):
     runner = ModelRunner(thin, layout, max_model_len=MAX_LEN, kernel_backend="torch", graph_mode="padded", poison=True)
     before = runner.views.buffer.clone()
     runner.decode.buffers.pad(4)
-    logits = runner._forward(runner.decode.buffers.inputs(4))
+    logits, _ = runner._forward(runner.decode.buffers.inputs(4))
     assert logits.shape == (4, thin.cfg.vocab_size)
     assert torch.equal(runner.views.buffer, before)
 
