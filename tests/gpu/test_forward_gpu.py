@@ -6,24 +6,19 @@ Skipped on machines without CUDA/ROCm. Run in its own session (``pytest tests/gp
 tests set ``TRITON_INTERPRET=1`` for the whole process, and these tests must exercise compiled code.
 """
 
-import os
 
 import pytest
 import torch
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.usefixtures("compiled_triton_only"),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() "
                        "is False); tests/engine/test_decode_buffers.py runs the padded decode inputs on the CPU"),
 ]
 
 DEV = "cuda"
 
-
-@pytest.fixture(autouse=True)
-def _compiled_triton_only():
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("TRITON_INTERPRET=1 is set (tests/kernels is in this session): run `pytest tests/gpu` alone")
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """Compiled Triton kernels on fp8 byte rows against the torch references, at real DSV4-Flash row geometry
 (584-byte fp8_ds_mla rows, 132-byte FP8 indexer keys). Skipped without CUDA/ROCm; run alone (``pytest tests/gpu``)."""
 
-import os
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from atom.kernels.fp8_index_key import DSV4_INDEX_LAYOUT
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.usefixtures("compiled_triton_only"),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() "
                        "is False); tests/kernels/test_kernel_fp8_rows.py covers the same kernels in the interpreter"),
 ]
@@ -19,11 +19,6 @@ DEV = "cuda"
 BS, ROW_STRIDE, WINDOW, H = 128, 224, 128, 64
 D = DSV4_LAYOUT.dim
 
-
-@pytest.fixture(autouse=True)
-def _compiled_triton_only():
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("TRITON_INTERPRET=1 is set (tests/kernels is in this session): run `pytest tests/gpu` alone")
 
 
 @pytest.fixture

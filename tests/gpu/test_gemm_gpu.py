@@ -4,7 +4,6 @@ Skipped on machines without CUDA/ROCm. Run alone (``pytest tests/gpu``) so the k
 interpreted.
 """
 
-import os
 
 import pytest
 import torch
@@ -16,15 +15,11 @@ from atom.models.deepseek_v4.quant import quantize_fp8_weight, quantize_mxfp4_we
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.usefixtures("compiled_triton_only"),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() "
                        "is False); tests/kernels/test_kernel_gemm.py covers the same kernels in the interpreter"),
 ]
 
-
-@pytest.fixture(autouse=True)
-def _compiled_triton_only():
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("TRITON_INTERPRET=1 is set (tests/kernels is in this session): run `pytest tests/gpu` alone")
 
 
 def _gen():

@@ -11,16 +11,11 @@ import torch
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.usefixtures("compiled_triton_only"),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() "
                        "is False); the CPU tests in tests/kernels cover the same kernels in the interpreter"),
 ]
 
-
-@pytest.fixture(autouse=True)
-def _compiled_triton_only():
-    """Checked when each test runs: tests/kernels/conftest.py may set the variable after collection."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("TRITON_INTERPRET=1 is set (tests/kernels is in this session): run `pytest tests/gpu` alone")
 
 DEV = "cuda"
 BS, ROW_STRIDE, WINDOW, D, H = 128, 224, 128, 512, 64
