@@ -94,8 +94,7 @@ class MtpDrafter:
         ids = torch.tensor(next_ids, dtype=torch.long, device=dev)
         mtp_step = dataclasses.replace(step, token_ids=ids, positions=torch.tensor(positions, dtype=torch.long,
                                                                                    device=dev),
-                                       token_slot=torch.tensor(slots, dtype=torch.int32, device=dev), committed=None,
-                                       derived={})  # the main step's cached index lists are for its own rows
+                                       token_slot=torch.tensor(slots, dtype=torch.int32, device=dev), committed=None)
         x = map_rows(blk.mtp_input, rw, h, model.embed(ids))
         y, post, comb = map_rows(blk.attn_input, rw, x)
         a = self.attn.forward(y, mtp_step, tables)

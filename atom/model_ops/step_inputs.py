@@ -134,8 +134,9 @@ class StepInputs:
     num_draft: list[int]
     committed: RowSubset | None = None
     # tensors derived from the ones above that several layers need (e.g. the rows each CSA entry pools),
-    # computed by the first layer that asks; empty when the step starts
-    derived: dict = field(default_factory=dict)
+    # computed by the first layer that asks; empty when the step starts, and in every copy made with
+    # dataclasses.replace (not an init field), since a copy with other token rows needs its own
+    derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def derive(self, key: tuple, make: Callable[[], Any]) -> Any:
         """``make()``, computed once per step for ``key`` (which must name everything ``make`` depends on

@@ -4,7 +4,6 @@ Skipped on machines without CUDA/ROCm. Run in its own session (``pytest tests/gp
 tests set ``TRITON_INTERPRET=1`` for the whole process, and these tests must exercise compiled code.
 """
 
-import os
 
 import pytest
 import torch
