@@ -108,32 +108,36 @@ class LLMEngine:
         return rid
 
     def sequence(self, request_id: str) -> Sequence:
-        """The scheduler's :class:`Sequence` of an unfinished request (tests and benchmarks read its
-        progress, tokens and prefix statistics from it); ``KeyError`` if unknown or finished."""
+        """The scheduler's :class:`Sequence` of a request whose final output has not been streamed yet
+        (tests and benchmarks read its progress, tokens and prefix statistics from it); ``KeyError``
+        if unknown or done."""
         return self._requests[request_id].seq
 
     def abort_request(self, request_id: str) -> bool:
-        req = self._requests.pop(request_id, None)
-        if req is None:
-            return False
-        self._by_seq.pop(req.seq.seq_id, None)
-        return self.scheduler.abort(req.seq.seq_id)
+        """Stop a request and free what it holds now; its final output (``finish_reason`` "abort")
+        comes with the next step. False if it is unknown or already finished."""
+        req = self._requests.get(request_id)
+        return req is not None and self.scheduler.abort(req.seq.seq_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Whether a step has anything to do: a request waits or runs, or a request finished outside
+        a step (aborted) still has its final output to stream."""
+        return self.scheduler.has_unfinished() or self.scheduler.has_ended()
 
     # ---- stepping -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run and postprocess one step; outputs of the requests that progressed."""
+        """Schedule, run and postprocess one step; outputs of the requests that progressed, and the
+        final output of each request aborted or refused at admission since the last step."""
         return self.step_detailed().outputs
 
     def step_detailed(self) -> EngineStep:
         """:meth:`step`, also returning the batch and the runner's output."""
         batch = self.scheduler.schedule()
-        finished_early = [r for r in list(self._requests.values()) if r.seq.status.finished]
+        # aborted since the last step or refused at admission: O(finished), not a scan of every request
+        ended = (self._by_seq.get(seq.seq_id) for seq in self.scheduler.take_ended())
+        outputs = [self._finish_output(req) for req in ended if req is not None]
         out = self.runner.execute(batch)  # even with no sequence: releases and table deltas must land
         results = self.scheduler.postprocess(batch, out)
-        outputs = [self._finish_output(r) for r in finished_early]
         for res in results:
             req = self._by_seq.get(res.seq.seq_id)
             if req is None:
@@ -201,11 +205,12 @@ class LLMEngine:
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        wanted = set(ids)
         final: dict[str, RequestOutput] = {}
         bar = _progress(len(ids), use_tqdm)
         while len(final) < len(ids) and self.has_unfinished_requests():
             for out in self.step():
-                if out.finished and out.request_id in ids and out.request_id not in final:
+                if out.finished and out.request_id in wanted and out.request_id not in final:
                     final[out.request_id] = out
                     if bar is not None:
                         bar.update(1)

@@ -28,7 +28,7 @@ model length fits there, and no other request is admitted until it finishes.
 
 ``ArenaEmpty`` never escapes ``schedule()``. A request that could never run (longer than the model
 length) is refused in :meth:`add`; one whose first block cannot fit even in an idle arena is
-finished as aborted with the reason in :attr:`Sequence.error`.
+finished as aborted with the reason in :attr:`Sequence.error` (and listed by :meth:`Scheduler.take_ended`).
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class Scheduler:
         self._released: list[int] = []
         self._preempted_now: set[int] = set()
         self._solo: int | None = None  # a request restarted alone on an emptied arena: admit only it
+        self._ended: list[Sequence] = []  # finished outside postprocess, not yet taken (take_ended)
 
     # ---- requests -----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -102,10 +103,24 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
         self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+        self._ended.append(seq)
         return True
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def has_ended(self) -> bool:
+        """Whether requests finished outside a step's postprocess wait to be taken (:meth:`take_ended`)."""
+        return bool(self._ended)
+
+    def take_ended(self) -> list[Sequence]:
+        """The requests finished outside :meth:`postprocess` since the last call, in the order they
+        finished: aborted (:meth:`abort`) or refused at admission (:meth:`schedule`). Their owner
+        (the engine, once per step) streams their final outputs from this list, so finding them costs
+        O(finished), never a scan of every request. A request that :meth:`postprocess` or
+        :meth:`finish_by_stop_string` finishes is not listed: the caller sees it finish there."""
+        ended, self._ended = self._ended, []
+        return ended
 
     # ---- scheduling ---------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
@@ -205,6 +220,7 @@ class Scheduler:
                     del self.waiting[i]
                     seq.error = "the KV arena cannot hold this request's first block even when idle"
                     self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+                    self._ended.append(seq)
                     continue
             if n == 0:
                 break

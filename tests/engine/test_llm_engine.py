@@ -69,8 +69,11 @@ def test_abort_mid_generation_frees_the_requests_memory(make_engine):
     bm = engine.scheduler.bm
     assert bm.comp.pool.num_used() > 0
     assert engine.abort_request(rid) and not engine.abort_request(rid)
-    assert not engine.has_unfinished_requests()
     assert bm.comp.pool.num_used() == 0 and bm.swa.pool.num_used() == 0 and bm.slots.num_held() == 0
+    assert engine.has_unfinished_requests()  # its final output is still to stream
+    [out] = engine.step()
+    assert (out.request_id, out.finished, out.finish_reason) == (rid, True, "abort")
+    assert not engine.has_unfinished_requests()
     engine.check_integrity()
 
 
