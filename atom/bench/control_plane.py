@@ -3,7 +3,8 @@
     python -m atom.bench.control_plane [--seqs 1 64 256] [--contexts 4096 32768 131072] [--steps 64]
                                        [--block-sizes 128 256] [--decode-steps 32]
 
-First a per-operation table (admit, 8K prefill chunk, decode, free; median microseconds per call)
+First a per-operation table (admit, 8K prefill chunk, decode, free, and with the whole arena cached
+the eviction room check and a chunk reclaim; median microseconds per call)
 for the workloads of :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
 
 Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
@@ -88,15 +89,16 @@ def time_decode(num_seqs: int, context: int, steps: int) -> float:
 
 def ops_table(block_sizes: Seq[int], decode_steps: int) -> str:
     """Print the per-operation table; return the ``ops_b128 ...`` line (printed later, second to last)."""
-    print("| workload | block | admit us | 8K prefill chunk us | decode us | free us |")
-    print("|---|---|---|---|---|---|")
+    print("| workload | block | admit us | 8K prefill chunk us | decode us | free us | room check us | reclaim us |")
+    print("|---|---|---|---|---|---|---|---|")
     ops = {}
     for block in block_sizes:
         for w in WORKLOADS:
             us = measure_ops(w, block, decode_steps)
             ops[(w.name, block)] = us
             print(f"| {w.name} ({w.num_seqs} x {w.context / 1024:g}K) | {block} | {us['admit']:.1f} | "
-                  f"{us['prefill']:.1f} | {us['decode']:.2f} | {us['free']:.1f} |", flush=True)
+                  f"{us['prefill']:.1f} | {us['decode']:.2f} | {us['free']:.1f} | {us['room']:.1f} | "
+                  f"{us['reclaim']:.1f} |", flush=True)
     heavy, long = ops[("decode-heavy", 128)], ops[("long-context", 128)]
     return (f"ops_b128 decode_us={heavy['decode']:.2f} admit_us={long['admit']:.1f} "
             f"prefill_8k_us={long['prefill']:.1f} free_128k_us={long['free']:.1f}")

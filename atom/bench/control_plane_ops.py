@@ -1,4 +1,5 @@
-"""Control-plane cost per operation: admission, an 8K prefill chunk, a decode step, freeing a request.
+"""Control-plane cost per operation: admission, an 8K prefill chunk, a decode step, freeing a request,
+and the two eviction queries that run when an allocation finds the arena full.
 
 Each workload keeps all its requests live at once on an arena sized to hold them (V4-Flash geometry,
 fp8 rows; the control plane allocates no tensors) and times the block manager alone:
@@ -8,6 +9,12 @@ fp8 rows; the control plane allocates no tensors) and times the block manager al
 - ``prefill``: one further 8,192-token chunk (``grow`` + ``after_step``), long prompts only.
 - ``decode``: one decode step of one request (``grow`` + ``after_step``), per request.
 - ``free``: :meth:`BlockManager.free` of a request at its full context.
+- ``room``: once every request is freed (the whole arena cached),
+  :meth:`BlockPool.kept_after_eviction` of the compressed pool: what the exact "can eviction make
+  room" test asks each owner when a request does not fit.
+- ``reclaim``: then :meth:`BlockPool.reclaim_chunk` of the compressed pool, one chunk at a time
+  (``RECLAIMS`` calls, fewer when the pool owns fewer chunks): how a chunk is taken back from the
+  cache to be lent to the other owner.
 
 Figures are medians over every call of the run, in this process's CPU time.
 
@@ -31,6 +38,7 @@ from atom.sampling_params import SamplingParams
 __all__ = ["Workload", "WORKLOADS", "measure_ops"]
 
 CHUNK = 8192
+RECLAIMS = 16
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str
     seqs = [Sequence(_prompt(w, i), SamplingParams(max_tokens=decode_steps + 1), b) for i in range(w.num_seqs)]
     for s in seqs:
         s.hashes_upto((len(s) - 1) // b)
-    t: dict[str, list[float]] = {"admit": [], "prefill": [], "decode": [], "free": []}
+    t: dict[str, list[float]] = {"admit": [], "prefill": [], "decode": [], "free": [], "room": [], "reclaim": []}
     clock = time.process_time  # CPU time: other processes on a shared machine do not inflate it
     for s in seqs:
         t0 = clock()
@@ -101,5 +109,14 @@ def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str
         t0 = clock()
         bm.free(s)
         t["free"].append(clock() - t0)
+    pool = bm.comp.pool
+    for _ in range(min(RECLAIMS, bm.arena.owned_chunks(pool.owner))):
+        t0 = clock()
+        pool.kept_after_eviction([])
+        t["room"].append(clock() - t0)
+        t0 = clock()
+        reclaimed = pool.reclaim_chunk()
+        t["reclaim"].append(clock() - t0)
+        assert reclaimed, "every used page is cached once all requests are freed"
     bm.check_integrity([])
     return {k: statistics.median(v) * 1e6 if v else float("nan") for k, v in t.items()}

@@ -19,13 +19,15 @@ Eviction is lazy: a released block keeps its page and node until its memory is n
 chosen chunk-aware: among the least recently used cached blocks, the one worth least (the owner's
 policy), then the one whose chunk has the fewest pages in use (so chunks drain and can be lent to
 the other owner); :meth:`reclaim_chunk` frees a whole chunk whose every used page is cached. The
-per-chunk counts of cached pages these need are computed when eviction runs (O(cached blocks)),
-not maintained on every release.
+per-chunk counts of cached pages these need are maintained where a block becomes cached (release)
+or stops being cached (claim, eviction), so eviction never recounts the cache; ``check_integrity``
+compares them with a recount.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from itertools import groupby
 from typing import Callable
 
 from atom.model_engine.page_map import LogicalPageMap, Owner
@@ -48,12 +50,16 @@ class BlockPool:
         self.ref = [0] * num_ids
         self.node: list[PrefixNode | None] = [None] * num_ids
         self.pages = [-1] * num_ids  # the arena page of each backed id (a copy of the arena's map)
+        self._chunk = [-1] * num_ids  # the arena chunk of each backed id's page (page // pages per chunk)
         self.captured = [False] * num_ids  # SWA: the fused CSA boundary state of the block was written
         self.cached_at = [0] * num_ids  # the cache clock when it was last cached (its age for eviction)
         self._vacant: list[int] = list(range(num_ids - 1, -1, -1))
         # cached ids, least recently released first (a dict keeps insertion order; no move-to-end is
         # needed, as a claimed block leaves it; a bulk update is 3x cheaper than an OrderedDict's)
         self._cached: dict[int, None] = {}
+        # chunk -> this owner's cached pages in it (no zero entries; a Counter: a missing chunk reads 0)
+        self._cached_in_chunk: Counter[int] = Counter()
+        self._ppc = arena.pages_per_chunk(owner)
         self.evicted_hashes: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
         self.on_evict: Callable[[PrefixNode], None] = lambda node: None
@@ -94,10 +100,11 @@ class BlockPool:
         ids = self._vacant[-n:][::-1]
         pages = self.arena.alloc_ids(self.owner, ids)
         del self._vacant[-n:]
-        ref, pg = self.ref, self.pages
+        ref, pg, ch, ppc = self.ref, self.pages, self._chunk, self._ppc
         for bid, page in zip(ids, pages):
             ref[bid] = 1
             pg[bid] = page
+            ch[bid] = page // ppc
         return ids, pages
 
     def claim(self, block_id: int) -> None:
@@ -105,6 +112,7 @@ class BlockPool:
         if self.ref[block_id] == 0:
             assert block_id in self._cached, f"{self.owner}: claim of vacant block {block_id}"
             del self._cached[block_id]
+            self._uncount(block_id)
         self.ref[block_id] += 1
 
     def release(self, block_id: int, keep: bool = True) -> None:
@@ -126,6 +134,9 @@ class BlockPool:
             if len(kept) < len(gone):
                 self._free_many([bid for bid in gone if nodes[bid] is None])
             self._cached.update(dict.fromkeys(kept))
+            counts = self._cached_in_chunk  # a request's pages come in runs of one chunk: one update a run
+            for chunk, run in groupby(map(self._chunk.__getitem__, kept)):
+                counts[chunk] += len(list(run))
             if self.unlock_tokens is not None:  # only a valuing policy reads the age
                 at, clock = self.cached_at, self._clock
                 for bid in kept:
@@ -156,6 +167,7 @@ class BlockPool:
         """Drop a cached block from the index and return its page to the arena."""
         assert block_id in self._cached, f"{self.owner}: evict of non-cached block {block_id}"
         del self._cached[block_id]
+        self._uncount(block_id)
         self.on_evict(self.node[block_id])
         self._free_many([block_id])
         self.num_evictions += 1
@@ -182,35 +194,53 @@ class BlockPool:
         tokens = self.unlock_tokens(block_id)
         return tokens / (self._clock - self.cached_at[block_id]) if tokens else 0.0
 
-    def _cached_per_chunk(self) -> dict[int, int]:
-        ppc, pages, out = self.arena.pages_per_chunk(self.owner), self.pages, {}
+    def _uncount(self, block_id: int) -> None:
+        """``block_id`` stops being cached: one cached page fewer in its chunk."""
+        counts, chunk = self._cached_in_chunk, self._chunk[block_id]
+        n = counts[chunk] - 1
+        if n:
+            counts[chunk] = n
+        else:
+            del counts[chunk]
+
+    def _recount_cached_per_chunk(self) -> dict[int, int]:
+        """The per-chunk cached page counts, counted from scratch (``check_integrity``'s reference)."""
+        out: dict[int, int] = {}
         for bid in self._cached:
-            chunk = pages[bid] // ppc
+            chunk = self.pages[bid] // self._ppc
             out[chunk] = out.get(chunk, 0) + 1
         return out
 
     def reclaim_chunk(self) -> bool:
         """Evict every cached block of the least recently used chunk whose used pages are all
-        cached, returning that chunk to the arena. False (evicting nothing) if no chunk qualifies."""
-        if not self._cached:
+        cached, returning that chunk to the arena. False (evicting nothing) if no chunk qualifies.
+        Costs O(chunks holding cached pages) when none qualifies; else the cached blocks up to the
+        chosen chunk's last are read once, in LRU order (which is also the order they are evicted in)."""
+        counts, used, owner = self._cached_in_chunk, self.arena.chunk_pages_used, self.owner
+        drainable = {chunk for chunk, n in counts.items() if n == used(owner, chunk)}
+        if not drainable:
             return False
-        counts, ppc, pages = self._cached_per_chunk(), self.arena.pages_per_chunk(self.owner), self.pages
+        of, victims, chunk = self._chunk, [], -1
         for bid in self._cached:
-            chunk = pages[bid] // ppc
-            if counts[chunk] == self.arena.chunk_pages_used(self.owner, chunk):
-                for victim in [b for b in self._cached if pages[b] // ppc == chunk]:
-                    self.evict(victim)
-                return True
-        return False
+            c = of[bid]
+            if chunk < 0 and c in drainable:
+                chunk = c
+            if c == chunk:
+                victims.append(bid)
+                if len(victims) == counts[chunk]:
+                    break
+        for victim in victims:
+            self.evict(victim)
+        return True
 
     def kept_after_eviction(self, releasable: list[int]) -> tuple[int, int]:
         """(pages, chunks) this owner would still hold if every cached block and every block of
-        ``releasable`` (held only by a retention pin) were evicted. Costs O(cached blocks)."""
-        gone, ppc = self._cached_per_chunk(), self.arena.pages_per_chunk(self.owner)
-        for bid in releasable:
-            chunk = self.pages[bid] // ppc
-            gone[chunk] = gone.get(chunk, 0) + 1
-        drained = sum(n == self.arena.chunk_pages_used(self.owner, chunk) for chunk, n in gone.items())
+        ``releasable`` (held only by a retention pin) were evicted. Costs O(chunks holding cached
+        pages + len(releasable))."""
+        gone = Counter(map(self._chunk.__getitem__, releasable))
+        gone.update(self._cached_in_chunk)
+        used, owner = self.arena.chunk_pages_used, self.owner
+        drained = sum(n == used(owner, chunk) for chunk, n in gone.items())
         pages = self.arena.num_used(self.owner) - len(self._cached) - len(releasable)
         return pages, self.arena.owned_chunks(self.owner) - drained
 
@@ -245,6 +275,8 @@ class BlockPool:
         """Every id in exactly one state; nodes point back. ``holders`` (id -> number of request
         references, pins included) is checked against ref counts when given."""
         vacant, cached = set(self._vacant), set(self._cached)
+        assert dict(self._cached_in_chunk) == self._recount_cached_per_chunk(), \
+            f"{self.owner}: per-chunk cached page counts drifted from a recount"
         assert len(vacant) == len(self._vacant), f"{self.owner}: vacant id listed twice"
         assert not vacant & cached, f"{self.owner}: id both vacant and cached"
         for bid in range(self.num_ids):
@@ -257,6 +289,7 @@ class BlockPool:
                 assert ref > 0 and backed, f"{self.owner}: used block {bid} ref {ref}"
             if backed:
                 assert self.pages[bid] == self.arena.page(self.owner, bid), f"{self.owner}: block {bid} page copy stale"
+                assert self._chunk[bid] == self.pages[bid] // self._ppc, f"{self.owner}: block {bid} chunk stale"
             if node is not None:
                 assert getattr(node, self._attr) == bid, f"{self.owner}: node does not point back at {bid}"
             if holders is not None:
