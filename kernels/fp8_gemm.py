@@ -20,23 +20,18 @@ from __future__ import annotations
 
 import torch
 
-from ._common import HAS_TRITON, check_rows, check_same_device, require_triton, triton, tl
-from .quant_formats import FP8_BLOCK, check_fp8_weight, dequantize_fp8_rows, gemm_by_row_tiles, gemm_tiles
+from ._common import HAS_TRITON, require_triton, triton, tl
+from .quant_formats import check_fp8_weight, check_gemm_operands, dequantize_fp8_rows, gemm_by_row_tiles, \
+    launch_weight_gemm
 
 if HAS_TRITON:
     from .quant_formats import e8m0_decode
 
 __all__ = ["fp8_block_gemm", "fp8_block_gemm_ref"]
 
-_X_DTYPES = (torch.float32, torch.bfloat16)
-
 
 def _check(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> None:
-    check_rows("x", x, dtypes=_X_DTYPES)
-    check_fp8_weight("fp8_block_gemm", weight, scale)
-    if x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x has {x.shape[1]} features, the weight {weight.shape[1]}")
-    check_same_device(x=x, weight=weight, scale=scale)
+    check_gemm_operands("fp8_block_gemm", x, weight, scale, check_fp8_weight, 1)
 
 
 def fp8_block_gemm_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -76,16 +71,4 @@ def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -
     """Triton block-scaled FP8 GEMM (same contract as :func:`fp8_block_gemm_ref`)."""
     require_triton("fp8_block_gemm")
     _check(x, weight, scale)
-    m, k = x.shape
-    n = weight.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return y
-    bm, bn, bk = gemm_tiles(m, x.device)
-    assert FP8_BLOCK % bn == 0 and FP8_BLOCK % bk == 0
-    w = weight.contiguous()
-    s = scale.contiguous().view(torch.uint8)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    _fp8_block_gemm_kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), s.stride(0), y.stride(0),
-                                 BM=bm, BN=bn, BK=bk, FP32=x.dtype == torch.float32)
-    return y
+    return launch_weight_gemm(_fp8_block_gemm_kernel, x, weight, scale)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ._common import HAS_TRITON, check_rows, check_same_device, require_triton, triton, tl
-from .quant_formats import FP4_GROUP, check_mxfp4_weight, dequantize_mxfp4_rows, gemm_by_row_tiles, gemm_tiles
+from ._common import HAS_TRITON, require_triton, triton, tl
+from .quant_formats import check_gemm_operands, check_mxfp4_weight, dequantize_mxfp4_rows, gemm_by_row_tiles, \
+    launch_weight_gemm
 
 if HAS_TRITON:
     from .quant_formats import e2m1_decode, e8m0_decode
@@ -29,11 +30,7 @@ __all__ = ["mxfp4_gemm", "mxfp4_gemm_ref"]
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> None:
-    check_rows("x", x, dtypes=(torch.float32, torch.bfloat16))
-    check_mxfp4_weight("mxfp4_gemm", weight, scale)
-    if x.shape[1] != 2 * weight.shape[1]:
-        raise ValueError(f"x has {x.shape[1]} features, the packed weight {2 * weight.shape[1]}")
-    check_same_device(x=x, weight=weight, scale=scale)
+    check_gemm_operands("mxfp4_gemm", x, weight, scale, check_mxfp4_weight, 2, "the packed weight")
 
 
 def mxfp4_gemm_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -77,16 +74,4 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     """Triton MXFP4 GEMM decoding in the kernel (same contract as :func:`mxfp4_gemm_ref`)."""
     require_triton("mxfp4_gemm")
     _check(x, weight, scale)
-    m, k = x.shape
-    n = weight.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return y
-    bm, bn, bk = gemm_tiles(m, x.device)
-    assert bk % FP4_GROUP == 0
-    w = weight.contiguous()
-    s = scale.contiguous().view(torch.uint8)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    _mxfp4_gemm_kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), s.stride(0), y.stride(0),
-                             BM=bm, BN=bn, BK=bk, FP32=x.dtype == torch.float32)
-    return y
+    return launch_weight_gemm(_mxfp4_gemm_kernel, x, weight, scale)

@@ -1,4 +1,4 @@
-"""Decoding the weight formats of the DeepSeek-V4 release (pure torch; shared by the GEMM references).
+"""The quantized formats of the DeepSeek-V4 release, and what the kernels over them share.
 
 * **e8m0** scale: one unsigned byte ``b``, value ``2^(b - 127)``; ``b = 255`` is NaN, there is no zero
   (``b = 0`` is ``2^-127``). Stored as ``torch.float8_e8m0fnu`` (a ``uint8`` view holds the same bits).
@@ -9,8 +9,9 @@
   high nibble. A code is ``sign(1) | exponent(2) | mantissa(1)``: magnitudes ``0, 0.5, 1, 1.5, 2, 3, 4,
   6``. One e8m0 scale per 32 inputs: ``scale [out, in/32]``.
 
-Only decoding lives here: the kernels need it, and encoding belongs to the model side
-(:mod:`atom.models.deepseek_v4.quant`).
+Weights are only decoded here (the GEMM references and kernels need it; encoding weights belongs to
+the model side, :mod:`atom.models.deepseek_v4.quant`), and the two weight-only GEMMs share their
+operand checks and launch (:func:`check_gemm_operands`, :func:`launch_weight_gemm`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._common import HAS_TRITON, triton, tl
+from ._common import HAS_TRITON, check_rows, check_same_device, triton, tl
 
 __all__ = ["FP8_BLOCK", "FP4_GROUP", "E2M1_VALUES", "e8m0_to_float", "unpack_fp4", "check_fp8_weight",
            "check_mxfp4_weight", "dequantize_fp8_rows", "dequantize_mxfp4_rows", "gemm_by_row_tiles",
-           "gemm_tiles"]
+           "gemm_tiles", "check_gemm_operands", "launch_weight_gemm"]
 
 FP8_BLOCK = 128
 FP4_GROUP = 32
@@ -109,6 +110,38 @@ def gemm_tiles(m: int, device: torch.device) -> tuple[int, int, int]:
     ``BK`` divide 128 (one FP8 scale per tile). The interpreter pays per program: fewer, wider tiles."""
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
     return (bm, 128, 128) if device.type == "cpu" else (bm, 64, 128)
+
+
+def check_gemm_operands(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                        check_weight: Callable[[str, torch.Tensor, torch.Tensor], None], inputs_per_column: int,
+                        weight_name: str = "the weight") -> None:
+    """``ValueError`` unless ``x [M, K]`` is fp32 or bf16 rows, ``weight`` and ``scale`` pass
+    ``check_weight`` (the format's own check), the weight takes ``K`` inputs (``inputs_per_column``
+    per stored column: 2 for packed FP4) and all three sit on one device."""
+    check_rows("x", x, dtypes=(torch.float32, torch.bfloat16))
+    check_weight(name, weight, scale)
+    if x.shape[1] != inputs_per_column * weight.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} features, {weight_name} {inputs_per_column * weight.shape[1]}")
+    check_same_device(x=x, weight=weight, scale=scale)
+
+
+def launch_weight_gemm(kernel, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``[M, N]`` in ``x.dtype`` from a weight-only GEMM kernel (checked operands) of the shared
+    signature ``(x, w, s, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, BM, BN, BK, FP32)``,
+    on the :func:`gemm_tiles` grid; scales are passed as their ``uint8`` bits."""
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    bm, bn, bk = gemm_tiles(m, x.device)
+    assert FP8_BLOCK % bn == 0 and FP8_BLOCK % bk == 0 and bk % FP4_GROUP == 0  # whole scale blocks per tile
+    w = weight.contiguous()
+    s = scale.contiguous().view(torch.uint8)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), s.stride(0), y.stride(0),
+                 BM=bm, BN=bn, BK=bk, FP32=x.dtype == torch.float32)
+    return y
 
 
 if HAS_TRITON:
