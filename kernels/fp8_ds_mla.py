@@ -8,8 +8,8 @@ Row layout (real DSV4: 448 NoPE + 64 RoPE dims -> 584 bytes)::
     then zero padding up to a multiple of 8 bytes (1 byte for the real geometry)
 
 Scales are powers of two (ue8m0): ``e_b = ceil(log2(max(amax_b, 1e-4) / 448))`` computed from the
-fp32 bits (exponent, plus one if the mantissa is non-zero), so torch and Triton agree bit for bit.
-fp8 encoding is round-to-nearest-even and saturates at 448 (torch's ``.to(float8_e4m3fn)``); the
+fp32 bits (the rule of :mod:`~atom.kernels.quant_formats`, shared with ``fp8_index_key``), so torch
+and Triton agree bit for bit. fp8 encoding is round-to-nearest-even and saturates at 448 (torch's ``.to(float8_e4m3fn)``); the
 Triton body encodes in software because the interpreter's fp32->fp8 cast is wrong
 (triton_on_cpu.md 2.3-2.4). RoPE dims given in fp32 are rounded to bf16 to nearest even, also in
 software. Dequantized values ``fp8 * 2**e_b`` are exact in bf16 and fp32.
@@ -22,13 +22,13 @@ from typing import NamedTuple
 import torch
 
 from ._common import HAS_TRITON, check_positive, check_rows, next_pow2, require_triton, triton, tl
+from .quant_formats import check_row_encode, pow2_float, pow2_scale_exponent
+
+if HAS_TRITON:
+    from .quant_formats import e4m3_bits, ue8m0_exponent
 
 __all__ = ["Fp8DsMlaLayout", "DSV4_LAYOUT", "fp8_ds_mla_quantize", "fp8_ds_mla_quantize_ref",
            "fp8_ds_mla_dequantize", "fp8_ds_mla_dequantize_ref"]
-
-FP8_MAX = 448.0
-AMAX_FLOOR = 1e-4
-
 
 class Fp8DsMlaLayout(NamedTuple):
     """Geometry of one row: NoPE dims (fp8, blocks of ``qblock``) and RoPE dims (bf16)."""
@@ -64,16 +64,6 @@ DSV4_LAYOUT = Fp8DsMlaLayout()
 assert DSV4_LAYOUT.row_bytes == 584
 
 
-def _check_quant(x, out, layout) -> None:
-    layout.check()
-    check_rows("x", x, dtypes=(torch.float32, torch.bfloat16), width=layout.dim)
-    check_rows("out", out, dtype=torch.uint8, width=layout.row_bytes)
-    if out.shape[0] != x.shape[0]:
-        raise ValueError(f"out has {out.shape[0]} rows, x has {x.shape[0]}")
-    if out.device != x.device:
-        raise ValueError(f"x is on {x.device}, out on {out.device}")
-
-
 def _check_dequant(rows, out_dtype, layout) -> None:
     layout.check()
     check_rows("rows", rows, dtype=torch.uint8, width=layout.row_bytes)
@@ -81,26 +71,16 @@ def _check_dequant(rows, out_dtype, layout) -> None:
         raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
 
 
-def _block_exponent(amax: torch.Tensor) -> torch.Tensor:
-    """ceil(log2(max(amax, 1e-4) / 448)) from the fp32 bits, int32."""
-    v = (amax.clamp(min=AMAX_FLOOR) / FP8_MAX).view(torch.int32)
-    return ((v >> 23) & 0xFF) - 127 + ((v & 0x7FFFFF) != 0).to(torch.int32)
-
-
-def _pow2(e: torch.Tensor) -> torch.Tensor:
-    return ((e + 127) << 23).to(torch.int32).view(torch.float32)
-
-
 def fp8_ds_mla_quantize_ref(x: torch.Tensor, out: torch.Tensor | None = None, *,
                             layout: Fp8DsMlaLayout = DSV4_LAYOUT) -> torch.Tensor:
     """Torch reference of :func:`fp8_ds_mla_quantize` (same contract)."""
     if out is None:
         out = torch.empty(x.shape[0], layout.row_bytes, dtype=torch.uint8, device=x.device)
-    _check_quant(x, out, layout)
+    check_row_encode(x, out, layout)
     n = x.shape[0]
     nope = x[:, :layout.nope].float().view(n, layout.n_scales, layout.qblock)
-    e = _block_exponent(nope.abs().amax(dim=-1))
-    q = (nope * _pow2(-e)[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    e = pow2_scale_exponent(nope.abs().amax(dim=-1))
+    q = (nope * pow2_float(-e)[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
     out[:, :layout.nope] = q.view(n, layout.nope)
     out[:, layout.nope:layout.scale_off] = x[:, layout.nope:].to(torch.bfloat16).contiguous().view(torch.uint8)
     out[:, layout.scale_off:layout.scale_off + layout.n_scales] = (e + 127).to(torch.uint8)
@@ -115,32 +95,12 @@ def fp8_ds_mla_dequantize_ref(rows: torch.Tensor, *, out_dtype: torch.dtype = to
     n = rows.shape[0]
     q = rows[:, :layout.nope].contiguous().view(torch.float8_e4m3fn).float().view(n, layout.n_scales, layout.qblock)
     e = rows[:, layout.scale_off:layout.scale_off + layout.n_scales].to(torch.int32) - 127
-    nope = (q * _pow2(e)[..., None]).view(n, layout.nope)
+    nope = (q * pow2_float(e)[..., None]).view(n, layout.nope)
     rope = rows[:, layout.nope:layout.scale_off].contiguous().view(torch.bfloat16).float()
     return torch.cat([nope, rope], dim=1).to(out_dtype)
 
 
 if HAS_TRITON:
-
-    @triton.jit
-    def _e4m3_bits(x):
-        """fp32 -> uint8 bits of float8_e4m3fn, RTNE, saturating at 448 (triton_on_cpu.md 2.4)."""
-        u = x.to(tl.uint32, bitcast=True)
-        sign = (u >> 31) & 1
-        a = u & 0x7FFFFFFF
-        r = a + 0x7FFFF + ((a >> 20) & 1)
-        normal = tl.minimum((r >> 20).to(tl.int32) - (120 << 3), 0x7E)
-        af = a.to(tl.float32, bitcast=True)
-        sub = ((af * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
-        mag = tl.where(a < 0x3C800000, sub, normal)
-        mag = tl.where(a > 0x7F800000, 0x7F, mag)
-        return (mag | (sign.to(tl.int32) << 7)).to(tl.uint8)
-
-    @triton.jit
-    def ue8m0_exponent(amax):
-        """ceil(log2(max(amax, 1e-4) / 448)) from the fp32 bits (int32), as :func:`_block_exponent`."""
-        v = (tl.maximum(amax, 1e-4) / 448.0).to(tl.int32, bitcast=True)
-        return ((v >> 23) & 0xFF) - 127 + ((v & 0x7FFFFF) != 0).to(tl.int32)
 
     @triton.jit
     def store_ds_mla_rows(x_ptr, xo, out_ptr, oo, rm, NOPE: tl.constexpr, ROPE: tl.constexpr,
@@ -151,7 +111,7 @@ if HAS_TRITON:
             x = tl.load(x_ptr + xo[:, None] + b * QBLOCK + c[None, :], mask=rm[:, None], other=0.0).to(tl.float32)
             e = ue8m0_exponent(tl.max(tl.abs(x), axis=1))
             inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-            tl.store(out_ptr + oo[:, None] + b * QBLOCK + c[None, :], _e4m3_bits(x * inv[:, None]), mask=rm[:, None])
+            tl.store(out_ptr + oo[:, None] + b * QBLOCK + c[None, :], e4m3_bits(x * inv[:, None]), mask=rm[:, None])
             tl.store(out_ptr + oo + 2 * ROPE + NOPE + b, (e + 127).to(tl.uint8), mask=rm)
         rc = tl.arange(0, ROPE)
         xr = tl.load(x_ptr + xo[:, None] + NOPE + rc[None, :], mask=rm[:, None], other=0.0)
@@ -230,7 +190,7 @@ def fp8_ds_mla_quantize(x: torch.Tensor, out: torch.Tensor | None = None, *,
     """
     if out is None:
         out = torch.empty(x.shape[0], layout.row_bytes, dtype=torch.uint8, device=x.device)
-    _check_quant(x, out, layout)
+    check_row_encode(x, out, layout)
     _pow2_or_fail("qblock", layout.qblock)
     _pow2_or_fail("rope", layout.rope)
     require_triton("fp8_ds_mla_quantize")

@@ -6,8 +6,8 @@ Row layout (real DSV4: ``index_head_dim`` 128 -> 132 bytes)::
     [dim, dim + 4)   the scale 2**e as a little-endian fp32
 
 One scale per key, a power of two: ``e = ceil(log2(max(amax, 1e-4) / 448))`` over the whole row,
-computed from the fp32 bits exactly as the ``fp8_ds_mla`` codec does (so torch and Triton agree bit
-for bit). fp8 encoding is round-to-nearest-even, saturating at 448. A power-of-two scale keeps keys
+computed from the fp32 bits by the rule the ``fp8_ds_mla`` codec uses (:mod:`~atom.kernels.quant_formats`;
+torch and Triton agree bit for bit). fp8 encoding is round-to-nearest-even, saturating at 448. A power-of-two scale keeps keys
 that already went through the indexer's FP4 round-trip (two significant bits, block scales that
 are powers of two) exact, unless a block sits more than 2**16 below the row's largest value.
 Dequantized values ``fp8 * 2**e`` are exact in fp32.
@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from ._common import HAS_TRITON, check_positive, check_rows, next_pow2, require_triton, triton, tl
-from .fp8_ds_mla import _block_exponent, _pow2
+from .quant_formats import check_row_encode, pow2_float, pow2_scale_exponent
 
 __all__ = ["Fp8IndexKeyLayout", "DSV4_INDEX_LAYOUT", "fp8_index_key_quantize", "fp8_index_key_quantize_ref",
            "fp8_index_key_dequantize", "fp8_index_key_dequantize_ref"]
@@ -45,16 +45,6 @@ DSV4_INDEX_LAYOUT = Fp8IndexKeyLayout()
 assert DSV4_INDEX_LAYOUT.row_bytes == 132
 
 
-def _check_quant(x, out, layout) -> None:
-    layout.check()
-    check_rows("x", x, dtypes=(torch.float32, torch.bfloat16), width=layout.dim)
-    check_rows("out", out, dtype=torch.uint8, width=layout.row_bytes)
-    if out.shape[0] != x.shape[0]:
-        raise ValueError(f"out has {out.shape[0]} rows, x has {x.shape[0]}")
-    if out.device != x.device:
-        raise ValueError(f"x is on {x.device}, out on {out.device}")
-
-
 def _check_dequant(rows, layout) -> None:
     layout.check()
     check_rows("rows", rows, dtype=torch.uint8, width=layout.row_bytes)
@@ -65,11 +55,11 @@ def fp8_index_key_quantize_ref(x: torch.Tensor, out: torch.Tensor | None = None,
     """Torch reference of :func:`fp8_index_key_quantize` (same contract)."""
     if out is None:
         out = torch.empty(x.shape[0], layout.row_bytes, dtype=torch.uint8, device=x.device)
-    _check_quant(x, out, layout)
+    check_row_encode(x, out, layout)
     xf = x.float()
-    e = _block_exponent(xf.abs().amax(dim=-1))
-    out[:, :layout.dim] = (xf * _pow2(-e)[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
-    out[:, layout.dim:] = _pow2(e)[:, None].contiguous().view(torch.uint8)
+    e = pow2_scale_exponent(xf.abs().amax(dim=-1))
+    out[:, :layout.dim] = (xf * pow2_float(-e)[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    out[:, layout.dim:] = pow2_float(e)[:, None].contiguous().view(torch.uint8)
     return out
 
 
@@ -83,7 +73,7 @@ def fp8_index_key_dequantize_ref(rows: torch.Tensor, *, layout: Fp8IndexKeyLayou
 
 
 if HAS_TRITON:
-    from .fp8_ds_mla import _e4m3_bits, ue8m0_exponent
+    from .quant_formats import e4m3_bits, ue8m0_exponent
 
     @triton.jit
     def store_index_key_rows(x_ptr, xo, out_ptr, oo, rm, DIM: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -93,7 +83,7 @@ if HAS_TRITON:
         x = tl.load(x_ptr + xo[:, None] + d[None, :], mask=m, other=0.0).to(tl.float32)
         e = ue8m0_exponent(tl.max(tl.abs(x), axis=1))
         inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-        tl.store(out_ptr + oo[:, None] + d[None, :], _e4m3_bits(x * inv[:, None]), mask=m)
+        tl.store(out_ptr + oo[:, None] + d[None, :], e4m3_bits(x * inv[:, None]), mask=m)
         s = ((e + 127) << 23)  # the fp32 bits of 2**e, stored little endian
         for i in tl.static_range(4):
             tl.store(out_ptr + oo + DIM + i, ((s >> (8 * i)) & 0xFF).to(tl.uint8), mask=rm)
@@ -135,7 +125,7 @@ def fp8_index_key_quantize(x: torch.Tensor, out: torch.Tensor | None = None, *,
     """
     if out is None:
         out = torch.empty(x.shape[0], layout.row_bytes, dtype=torch.uint8, device=x.device)
-    _check_quant(x, out, layout)
+    check_row_encode(x, out, layout)
     require_triton("fp8_index_key_quantize")
     if x.shape[0] == 0:
         return out

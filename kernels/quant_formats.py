@@ -12,6 +12,12 @@
 Weights are only decoded here (the GEMM references and kernels need it; encoding weights belongs to
 the model side, :mod:`atom.models.deepseek_v4.quant`), and the two weight-only GEMMs share their
 operand checks and launch (:func:`check_gemm_operands`, :func:`launch_weight_gemm`).
+
+The FP8 KV row codecs (``fp8_ds_mla``, ``fp8_index_key``) share one power-of-two scale rule,
+``e = ceil(log2(max(amax, 1e-4) / 448))`` computed from the fp32 bits (the exponent, plus one if the
+mantissa is non-zero), in torch (:func:`pow2_scale_exponent`) and in Triton (``ue8m0_exponent``), so
+both agree bit for bit; Triton encodes e4m3 in software (``e4m3_bits``: the interpreter's fp32->fp8
+cast is wrong, triton_on_cpu.md 2.3-2.4).
 """
 
 from __future__ import annotations
@@ -26,10 +32,13 @@ from ._common import HAS_TRITON, check_rows, check_same_device, triton, tl
 
 __all__ = ["FP8_BLOCK", "FP4_GROUP", "E2M1_VALUES", "e8m0_to_float", "unpack_fp4", "check_fp8_weight",
            "check_mxfp4_weight", "dequantize_fp8_rows", "dequantize_mxfp4_rows", "gemm_by_row_tiles",
-           "gemm_tiles", "check_gemm_operands", "launch_weight_gemm"]
+           "gemm_tiles", "check_gemm_operands", "launch_weight_gemm", "FP8_MAX", "FP8_AMAX_FLOOR",
+           "pow2_scale_exponent", "pow2_float", "check_row_encode"]
 
 FP8_BLOCK = 128
 FP4_GROUP = 32
+FP8_MAX = 448.0  # the largest finite e4m3 value
+FP8_AMAX_FLOOR = 1e-4  # an all-zero block still gets a finite scale
 #: e2m1 code (0..15) -> value; codes 8..15 are the negatives of 0..7 (code 8 is -0.0).
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                             -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -144,6 +153,30 @@ def launch_weight_gemm(kernel, x: torch.Tensor, weight: torch.Tensor, scale: tor
     return y
 
 
+def pow2_scale_exponent(amax: torch.Tensor) -> torch.Tensor:
+    """``ceil(log2(max(amax, 1e-4) / 448))`` (int32) from the fp32 bits: ``2**e`` scales a block whose
+    largest magnitude is ``amax`` into e4m3's range."""
+    v = (amax.clamp(min=FP8_AMAX_FLOOR) / FP8_MAX).view(torch.int32)
+    return ((v >> 23) & 0xFF) - 127 + ((v & 0x7FFFFF) != 0).to(torch.int32)
+
+
+def pow2_float(e: torch.Tensor) -> torch.Tensor:
+    """``2**e`` (fp32, exact) of int32 exponents in the normal range, built from the exponent bits."""
+    return ((e + 127) << 23).to(torch.int32).view(torch.float32)
+
+
+def check_row_encode(x: torch.Tensor, out: torch.Tensor, layout) -> None:
+    """``ValueError`` unless a row codec's encode gets ``x [N, layout.dim]`` fp32 or bf16 rows and
+    ``out [N, layout.row_bytes]`` uint8 rows on the same device (and ``layout`` passes its check)."""
+    layout.check()
+    check_rows("x", x, dtypes=(torch.float32, torch.bfloat16), width=layout.dim)
+    check_rows("out", out, dtype=torch.uint8, width=layout.row_bytes)
+    if out.shape[0] != x.shape[0]:
+        raise ValueError(f"out has {out.shape[0]} rows, x has {x.shape[0]}")
+    if out.device != x.device:
+        raise ValueError(f"x is on {x.device}, out on {out.device}")
+
+
 if HAS_TRITON:
 
     @triton.jit
@@ -163,3 +196,23 @@ if HAS_TRITON:
         m = code & 1
         mag = tl.where(e == 0, m.to(tl.float32) * 0.5, ((2 + m) << e).to(tl.float32) * 0.25)
         return tl.where((code & 8) != 0, -mag, mag)
+
+    @triton.jit
+    def ue8m0_exponent(amax):
+        """ceil(log2(max(amax, 1e-4) / 448)) from the fp32 bits (int32), as :func:`pow2_scale_exponent`."""
+        v = (tl.maximum(amax, 1e-4) / 448.0).to(tl.int32, bitcast=True)
+        return ((v >> 23) & 0xFF) - 127 + ((v & 0x7FFFFF) != 0).to(tl.int32)
+
+    @triton.jit
+    def e4m3_bits(x):
+        """fp32 -> uint8 bits of float8_e4m3fn, RTNE, saturating at 448 (triton_on_cpu.md 2.4)."""
+        u = x.to(tl.uint32, bitcast=True)
+        sign = (u >> 31) & 1
+        a = u & 0x7FFFFFFF
+        r = a + 0x7FFFF + ((a >> 20) & 1)
+        normal = tl.minimum((r >> 20).to(tl.int32) - (120 << 3), 0x7E)
+        af = a.to(tl.float32, bitcast=True)
+        sub = ((af * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
+        mag = tl.where(a < 0x3C800000, sub, normal)
+        mag = tl.where(a > 0x7F800000, 0x7F, mag)
+        return (mag | (sign.to(tl.int32) << 7)).to(tl.uint8)
