@@ -9,6 +9,7 @@ from atom.engine_builder import build_engine
 from atom.models.deepseek_v4.checkpoint import load_checkpoint
 from atom.models.deepseek_v4.make_tiny_checkpoint import make_tiny_checkpoint
 from atom.sampling_params import SamplingParams
+from engine.test_engine_vs_reference import reference_greedy
 
 PROMPTS = ([(7 * i + 3) % 500 + 1 for i in range(33)], [(13 * i + 5) % 500 + 1 for i in range(9)])
 
@@ -16,16 +17,6 @@ PROMPTS = ([(7 * i + 3) % 500 + 1 for i in range(33)], [(13 * i + 5) % 500 + 1 f
 @pytest.fixture(scope="module")
 def release_dir(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("release"), fp8=True, fp4_experts=True, shards=2)
-
-
-def reference_greedy(model, prompt, n):
-    cache = model.new_cache(len(prompt) + n + 1)
-    out = model.prefill(cache, torch.tensor(prompt))
-    tokens = []
-    for i in range(n):
-        tokens.append(int(out.logits[-1].argmax()))
-        out = model.extend(cache, torch.tensor([tokens[-1]]), len(prompt) + i)
-    return tokens
 
 
 def generate(release_dir, backend=None, n=5, **config):
