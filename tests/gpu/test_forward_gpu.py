@@ -10,12 +10,9 @@ tests set ``TRITON_INTERPRET=1`` for the whole process, and these tests must exe
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.usefixtures("compiled_triton_only"),
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() "
-                       "is False); tests/engine/test_decode_buffers.py runs the padded decode inputs on the CPU"),
-]
+from support.gpu import gpu_module_marks
+
+pytestmark = gpu_module_marks("tests/engine/test_decode_buffers.py runs the padded decode inputs on the CPU")
 
 DEV = "cuda"
 

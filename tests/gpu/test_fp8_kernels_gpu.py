@@ -7,13 +7,9 @@ import torch
 
 from atom.kernels.fp8_ds_mla import DSV4_LAYOUT
 from atom.kernels.fp8_index_key import DSV4_INDEX_LAYOUT
+from support.gpu import gpu_module_marks
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.usefixtures("compiled_triton_only"),
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() "
-                       "is False); tests/kernels/test_kernel_fp8_rows.py covers the same kernels in the interpreter"),
-]
+pytestmark = gpu_module_marks("tests/kernels/test_kernel_fp8_rows.py covers the same kernels in the interpreter")
 
 DEV = "cuda"
 BS, ROW_STRIDE, WINDOW, H = 128, 224, 128, 64

@@ -12,13 +12,9 @@ from atom.kernels.backend import aiter_available
 from atom.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_ref
 from atom.kernels.mxfp4_gemm import mxfp4_gemm, mxfp4_gemm_ref
 from atom.models.deepseek_v4.quant import quantize_fp8_weight, quantize_mxfp4_weight
+from support.gpu import gpu_module_marks
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.usefixtures("compiled_triton_only"),
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() "
-                       "is False); tests/kernels/test_kernel_gemm.py covers the same kernels in the interpreter"),
-]
+pytestmark = gpu_module_marks("tests/kernels/test_kernel_gemm.py covers the same kernels in the interpreter")
 
 
 

@@ -8,12 +8,9 @@ tests set ``TRITON_INTERPRET=1`` for the whole process, and these tests must exe
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.usefixtures("compiled_triton_only"),
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() "
-                       "is False); the CPU tests in tests/kernels cover the same kernels in the interpreter"),
-]
+from support.gpu import gpu_module_marks
+
+pytestmark = gpu_module_marks("the CPU tests in tests/kernels cover the same kernels in the interpreter")
 
 
 DEV = "cuda"

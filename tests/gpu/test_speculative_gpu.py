@@ -1,17 +1,12 @@
 """The speculative decoding benchmark on a GPU: the oracle draft is always accepted and MTP drafts keep
 the tokens of the run without speculation (skipped without a CUDA or ROCm GPU)."""
 
-import pytest
-import torch
-
 from atom.bench.speculative import bench_prompts, run_speculative
 from atom.model_engine.draft_source import ReplayDraft
+from support.gpu import gpu_module_marks
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU (torch.cuda.is_available() "
-                       "is False); tests/engine/test_speculative.py covers the same machinery on the CPU"),
-]
+pytestmark = gpu_module_marks(
+    "tests/engine/test_speculative.py covers the same machinery on the CPU", compiled_triton=False)
 
 
 def test_speculative_decoding_on_the_gpu_prints_its_figures_and_keeps_the_greedy_tokens(capsys):
