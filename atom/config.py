@@ -43,7 +43,7 @@ __all__ = [
 KV_ROW_FORMATS = ("fp8_ds_mla", "bf16", "fp32")
 
 #: Accepted ``ModelConfig.dtype`` / ``quant_sim`` values and the ``device`` pattern.
-DTYPES = ("auto", "bfloat16", "float32")
+DTYPES = ("auto", "bfloat16", "float32", "float64")
 QUANT_SIM = ("auto", "on", "off")
 _DEVICE = re.compile(r"auto|cpu|(cuda|rocm)(:\d+)?")
 #: Indexer-key format stored with each row format: ``fp8`` = index_head_dim e4m3 values + one fp32
@@ -317,7 +317,9 @@ class ModelConfig:
     Face repo id (downloaded with ``huggingface_hub``), or None for the built-in tiny DeepSeek-V4 model.
     ``seed`` seeds the runner's sampler. ``device``: ``auto`` (a CUDA/ROCm GPU when one is visible,
     else ``cpu``), ``cpu``, ``cuda[:N]`` or ``rocm[:N]``. ``dtype`` of activations and unquantized
-    weights: ``auto`` (bfloat16 on a GPU, float32 on the CPU), ``bfloat16`` or ``float32``.
+    weights: ``auto`` (bfloat16 on a GPU, float32 on the CPU), ``bfloat16``, ``float32`` or ``float64``
+    (CPU only: a verification mode that carries activations in double precision; what the model computes
+    in fp32, such as attention scores, the compressor and mHC, stays fp32).
     ``quant_sim``: ``auto`` (on when the checkpoint declares a ``quantization_config``), ``on`` or
     ``off``: the FP8/FP4 round trips of the release (KV rows, indexer, inputs of quantized GEMMs).
     ``enforce_eager``: never replay decode steps from CUDA graphs (on a GPU they are captured per

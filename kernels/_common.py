@@ -25,6 +25,10 @@ except ImportError:  # pragma: no cover - exercised only on installs without tri
     HAS_TRITON = False
 
 
+# dtypes of the activations (queries, weights, rows to write) a kernel takes. float64 is the CPU
+# verification mode (``ModelConfig.dtype``): only the torch references run it; the engine refuses it on a GPU.
+VALUE_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+
 # dtypes a row view may have: kernels only copy or read rows, uint8/fp8 rows are raw bytes.
 ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.uint8, torch.float8_e4m3fn)
 

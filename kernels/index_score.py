@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (HAS_TRITON, check_index, check_range, check_rows, check_same_device, next_pow2,
+from ._common import (HAS_TRITON, VALUE_DTYPES, check_index, check_range, check_rows, check_same_device, next_pow2,
                       require_triton, triton, tl)
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, decode_rows_ref, row_width
 
@@ -25,13 +25,13 @@ __all__ = ["index_score", "index_score_ref"]
 
 
 def _check(q, w, key_rows, key_idx, codec) -> None:
-    check_rows("q", q, ndim=3, dtypes=(torch.float32, torch.bfloat16))
+    check_rows("q", q, ndim=3, dtypes=VALUE_DTYPES)
     num_tokens, heads, dim = q.shape
-    check_rows("w", w, dtypes=(torch.float32, torch.bfloat16), width=heads)
+    check_rows("w", w, dtypes=VALUE_DTYPES, width=heads)
     if w.shape[0] != num_tokens:
         raise ValueError(f"w has {w.shape[0]} rows, q has {num_tokens} tokens")
     if codec is None:
-        check_rows("key_rows", key_rows, dtypes=(torch.float32, torch.bfloat16), width=dim)
+        check_rows("key_rows", key_rows, dtypes=VALUE_DTYPES, width=dim)
     else:
         check_value_rows("key_rows", key_rows, "q", None, codec)
         if row_width(key_rows, codec) != dim:

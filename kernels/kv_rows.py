@@ -18,7 +18,7 @@ from typing import Union
 
 import torch
 
-from ._common import HAS_TRITON, check_rows, next_pow2, triton, tl
+from ._common import HAS_TRITON, VALUE_DTYPES, check_rows, next_pow2, triton, tl
 from .fp8_ds_mla import Fp8DsMlaLayout, fp8_ds_mla_dequantize_ref, fp8_ds_mla_quantize_ref
 from .fp8_index_key import Fp8IndexKeyLayout, fp8_index_key_dequantize_ref, fp8_index_key_quantize_ref
 
@@ -27,7 +27,6 @@ __all__ = ["RowCodec", "check_value_rows", "codec_constexprs", "encode_rows_ref"
 RowCodec = Union[Fp8DsMlaLayout, Fp8IndexKeyLayout, None]
 
 _PLAIN, _DS_MLA, _INDEX = 0, 1, 2
-_VALUE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def row_width(rows: torch.Tensor, codec: RowCodec) -> int:
@@ -62,7 +61,7 @@ def check_value_rows(rows_name: str, rows: torch.Tensor, vals_name: str, vals: t
     _check_codec(codec)
     check_rows(rows_name, rows, dtype=torch.uint8, width=codec.row_bytes)
     if vals is not None:
-        check_rows(vals_name, vals, ndim=ndim, dtypes=_VALUE_DTYPES, width=row_width(rows, codec))
+        check_rows(vals_name, vals, ndim=ndim, dtypes=VALUE_DTYPES, width=row_width(rows, codec))
 
 
 def codec_constexprs(codec: RowCodec, vals: torch.Tensor | None = None) -> dict:

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._common import HAS_TRITON, check_rows, check_same_device, triton, tl
+from ._common import HAS_TRITON, VALUE_DTYPES, check_rows, check_same_device, triton, tl
 
 __all__ = ["FP8_BLOCK", "FP4_GROUP", "E2M1_VALUES", "e8m0_to_float", "unpack_fp4", "check_fp8_weight",
            "check_mxfp4_weight", "dequantize_fp8_rows", "dequantize_mxfp4_rows", "gemm_by_row_tiles",
@@ -127,7 +127,7 @@ def check_gemm_operands(name: str, x: torch.Tensor, weight: torch.Tensor, scale:
     """``ValueError`` unless ``x [M, K]`` is fp32 or bf16 rows, ``weight`` and ``scale`` pass
     ``check_weight`` (the format's own check), the weight takes ``K`` inputs (``inputs_per_column``
     per stored column: 2 for packed FP4) and all three sit on one device."""
-    check_rows("x", x, dtypes=(torch.float32, torch.bfloat16))
+    check_rows("x", x, dtypes=VALUE_DTYPES)
     check_weight(name, weight, scale)
     if x.shape[1] != inputs_per_column * weight.shape[1]:
         raise ValueError(f"x has {x.shape[1]} features, {weight_name} {inputs_per_column * weight.shape[1]}")
@@ -169,7 +169,7 @@ def check_row_encode(x: torch.Tensor, out: torch.Tensor, layout) -> None:
     """``ValueError`` unless a row codec's encode gets ``x [N, layout.dim]`` fp32 or bf16 rows and
     ``out [N, layout.row_bytes]`` uint8 rows on the same device (and ``layout`` passes its check)."""
     layout.check()
-    check_rows("x", x, dtypes=(torch.float32, torch.bfloat16), width=layout.dim)
+    check_rows("x", x, dtypes=VALUE_DTYPES, width=layout.dim)
     check_rows("out", out, dtype=torch.uint8, width=layout.row_bytes)
     if out.shape[0] != x.shape[0]:
         raise ValueError(f"out has {out.shape[0]} rows, x has {x.shape[0]}")

@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (HAS_TRITON, check_index, check_range, check_rows, check_same_device, next_pow2,
+from ._common import (HAS_TRITON, VALUE_DTYPES, check_index, check_range, check_rows, check_same_device, next_pow2,
                       require_triton, triton, tl, value_checks_enabled)
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, decode_rows_ref, row_width
 
 __all__ = ["sparse_attention", "sparse_attention_ref"]
-
-_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _check_source(q, name, rows, idx, codec: RowCodec = None) -> None:
@@ -47,7 +45,7 @@ def _check_source(q, name, rows, idx, codec: RowCodec = None) -> None:
 
 
 def _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, codec: RowCodec = None) -> None:
-    check_rows("q", q, ndim=3, dtypes=_DTYPES)
+    check_rows("q", q, ndim=3, dtypes=VALUE_DTYPES)
     num_tokens, heads, dim = q.shape
     _check_source(q, "window", window_rows, window_idx, codec)
     if (comp_rows is None) != (comp_idx is None):

@@ -122,7 +122,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto, cpu, cuda[:N] or rocm[:N] (default: auto = a GPU when visible, else cpu)")
     parser.add_argument("--dtype", default=dm.dtype, choices=list(DTYPES),
                         help="activations and unquantized weights (default: auto = bfloat16 on a GPU, float32 on "
-                             "the CPU)")
+                             "the CPU; float64 = a CPU-only verification mode)")
     parser.add_argument("--quant-sim", default=dm.quant_sim, choices=list(QUANT_SIM),
                         help="FP8/FP4 round trips of the release on KV rows, indexer and GEMM inputs (default: "
                              "auto = on when the checkpoint declares quantization)")

@@ -48,10 +48,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> bfloat16 on a GPU, float32 on the CPU (the bit-exact reference path)."""
+    """``auto`` -> bfloat16 on a GPU, float32 on the CPU (the bit-exact reference path). ``float64`` is a
+    CPU verification mode: the GPU kernels do not take it, so it is refused on a GPU."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+    if name == "float64" and device.type != "cpu":
+        raise ValueError(f"dtype float64 runs on the CPU only (a verification mode); on {device} use bfloat16 or "
+                         "float32")
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}[name]
 
 
 def resolve_quant_sim(setting: str, model_dir: Path) -> bool:

@@ -35,6 +35,13 @@ def reference_quant(tiny_dir):
     return load_checkpoint(tiny_dir, quant_sim=True)
 
 
+@pytest.fixture(scope="session")
+def reference_quant64(tiny_dir):
+    """The ``quant_sim`` reference model carrying its activations in float64."""
+    torch.set_num_threads(1)
+    return load_checkpoint(tiny_dir, dtype=torch.float64, quant_sim=True)
+
+
 ROW_FORMAT = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8_ds_mla"}
 
 
@@ -42,14 +49,14 @@ ROW_FORMAT = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8_ds_mla"}
 def make_engine(tiny_dir, reference):
     def make(*, budget=37, max_seqs=8, max_model_len=512, num_chunks=200, full_retain=False, interval=0,
              prefix_caching=True, poison=True, backend=None, batch_invariant=False, kv_cache_dtype="fp32",
-             quant_sim=False, speculative=0, drafter=None, chunk_pages=0) -> LLMEngine:
+             quant_sim=False, speculative=0, drafter=None, chunk_pages=0, dtype="auto") -> LLMEngine:
         limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=max_model_len,
                                  speculative_num_tokens=speculative)
         spec = reference.cfg.kv_spec(ROW_FORMAT[kv_cache_dtype], include_mtp=speculative > 0)
         kv = KvLayout.for_chunks(spec, num_chunks, limits, CacheConfig(chunk_pages=chunk_pages)).kv_cache_bytes
         cache = CacheConfig(kv_cache_bytes=kv, enable_prefix_caching=prefix_caching, swa_full_retain=full_retain,
                             swa_retention_interval=interval, kv_cache_dtype=kv_cache_dtype, chunk_pages=chunk_pages)
-        cfg = EngineConfig(ModelConfig(path=str(tiny_dir)), limits, cache)
+        cfg = EngineConfig(ModelConfig(path=str(tiny_dir), dtype=dtype), limits, cache)
         return build_engine(cfg, keep_logits=True, poison=poison, kernel_backend=backend,
                             batch_invariant=batch_invariant, quant_sim=quant_sim, value_checks=True,
                             drafter=drafter)

@@ -22,10 +22,16 @@ def test_auto_runs_on_the_cpu_in_float32_without_a_gpu_and_a_gpu_asked_for_is_an
         resolve_device("rocm:1")
 
 
+def test_float64_is_a_cpu_verification_mode_and_is_refused_on_a_gpu():
+    assert resolve_dtype("float64", torch.device("cpu")) == torch.float64
+    with pytest.raises(ValueError, match="dtype float64 runs on the CPU only .* on cuda:0 use bfloat16 or float32"):
+        resolve_dtype("float64", torch.device("cuda:0"))
+
+
 def test_bad_device_dtype_and_quant_sim_values_name_what_is_accepted():
     with pytest.raises(ValueError, match="device='tpu'; accepted: auto, cpu, cuda"):
         ModelConfig(device="tpu")
-    with pytest.raises(ValueError, match="dtype='float16'; accepted: auto, bfloat16, float32"):
+    with pytest.raises(ValueError, match="dtype='float16'; accepted: auto, bfloat16, float32, float64"):
         ModelConfig(dtype="float16")
     with pytest.raises(ValueError, match="quant_sim='yes'; accepted: auto, on, off"):
         ModelConfig(quant_sim="yes")
