@@ -9,7 +9,7 @@ from engine.test_engine_vs_reference import prompts, reference_greedy, reference
 from engine.test_prefix_hits import PROMPT, after, assert_bit_identical, run, run_steps
 
 from atom.model_engine.unified_kv_arena import COMPRESS
-from atom.models.deepseek_v4.quant import _ceil_pow2
+from atom.models.deepseek_v4.quant import fp8_scale
 from atom.sampling_params import SamplingParams
 
 FP8 = dict(kv_cache_dtype="fp8", quant_sim=True)
@@ -160,7 +160,7 @@ def last_place(post: torch.Tensor, pre: torch.Tensor, nope: int, block: int) -> 
     moves two values apart by at most their distance plus one such unit."""
     mag = post.clamp(min=torch.finfo(torch.float32).tiny)
     exp = torch.floor(torch.log2(mag))
-    scale = _ceil_pow2(pre[:nope].reshape(-1, block).amax(-1).clamp(min=1e-4) / 448.0).repeat_interleave(block)
+    scale = fp8_scale(pre[:nope].reshape(-1, block).abs().amax(-1)).repeat_interleave(block)
     fp8 = torch.maximum(torch.exp2(exp[:nope] - 3), scale * 2.0**-9)
     return torch.cat((fp8, torch.exp2(exp[nope:] - 7)))
 

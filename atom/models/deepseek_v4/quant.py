@@ -22,10 +22,9 @@ import math
 
 import torch
 
-from atom.kernels.quant_formats import E2M1_VALUES, FP4_GROUP, e8m0_to_float, unpack_fp4
+from atom.kernels.quant_formats import (E2M1_VALUES, FP4_GROUP, FP8_MAX, e8m0_to_float, pow2_float, pow2_scale_exponent,
+                                        unpack_fp4)
 
-FP8_MAX = 448.0
-FP8_AMAX_FLOOR = 1e-4
 FP4_MAX = 6.0
 
 
@@ -33,13 +32,6 @@ def _pow2_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     """Smallest power of two ``s`` with ``amax / s <= qmax`` (ue8m0); 1 for all-zero blocks."""
     ratio = (amax / qmax).clamp(min=2.0**-126)
     return torch.exp2(torch.ceil(torch.log2(ratio)))
-
-
-def _ceil_pow2(r: torch.Tensor) -> torch.Tensor:
-    """``2**ceil(log2(r))`` for positive normal fp32 ``r``, from its bits (exponent, +1 if the mantissa is non-zero)."""
-    v = r.float().view(torch.int32)
-    e = ((v >> 23) & 0xFF) + ((v & 0x7FFFFF) != 0).to(torch.int32)
-    return (e << 23).view(torch.float32)
 
 
 def fp8_roundtrip(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -52,8 +44,10 @@ def fp8_roundtrip(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
-    """The power-of-two FP8 scale of a block whose largest magnitude is ``amax`` (fp32, same shape)."""
-    return _ceil_pow2(amax.clamp(min=FP8_AMAX_FLOOR) / FP8_MAX)
+    """The power-of-two FP8 scale of a block whose largest magnitude is ``amax`` (fp32, same shape): the rule of
+    the arena's FP8 codecs (:func:`atom.kernels.quant_formats.pow2_scale_exponent`), so stored rows decode to
+    the round-trip's values bit for bit."""
+    return pow2_float(pow2_scale_exponent(amax.float()))
 
 
 # e2m1 rounding: a magnitude above boundary i moves to code i + 1; on a boundary it goes to the code with an
