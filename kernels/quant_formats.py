@@ -124,7 +124,7 @@ def gemm_tiles(m: int, device: torch.device) -> tuple[int, int, int]:
 def check_gemm_operands(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                         check_weight: Callable[[str, torch.Tensor, torch.Tensor], None], inputs_per_column: int,
                         weight_name: str = "the weight") -> None:
-    """``ValueError`` unless ``x [M, K]`` is fp32 or bf16 rows, ``weight`` and ``scale`` pass
+    """``ValueError`` unless ``x [M, K]`` is rows of a ``VALUE_DTYPES`` dtype, ``weight`` and ``scale`` pass
     ``check_weight`` (the format's own check), the weight takes ``K`` inputs (``inputs_per_column``
     per stored column: 2 for packed FP4) and all three sit on one device."""
     check_rows("x", x, dtypes=VALUE_DTYPES)
@@ -166,7 +166,7 @@ def pow2_float(e: torch.Tensor) -> torch.Tensor:
 
 
 def check_row_encode(x: torch.Tensor, out: torch.Tensor, layout) -> None:
-    """``ValueError`` unless a row codec's encode gets ``x [N, layout.dim]`` fp32 or bf16 rows and
+    """``ValueError`` unless a row codec's encode gets ``x [N, layout.dim]`` rows of a ``VALUE_DTYPES`` dtype and
     ``out [N, layout.row_bytes]`` uint8 rows on the same device (and ``layout`` passes its check)."""
     layout.check()
     check_rows("x", x, dtypes=VALUE_DTYPES, width=layout.dim)

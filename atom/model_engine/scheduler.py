@@ -102,8 +102,7 @@ class Scheduler:
             self._released.append(seq.seq_id)
         else:
             self.waiting.remove(seq)
-        self._finish(seq, SequenceStatus.FINISHED_ABORTED)
-        self._ended.append(seq)
+        self._abort_outside_step(seq)
         return True
 
     def has_unfinished(self) -> bool:
@@ -219,8 +218,7 @@ class Scheduler:
                 if n == 0:
                     del self.waiting[i]
                     seq.error = "the KV arena cannot hold this request's first block even when idle"
-                    self._finish(seq, SequenceStatus.FINISHED_ABORTED)
-                    self._ended.append(seq)
+                    self._abort_outside_step(seq)
                     continue
             if n == 0:
                 break
@@ -309,6 +307,11 @@ class Scheduler:
             self.bm.free(seq)
             self._released.append(seq.seq_id)
             self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+
+    def _abort_outside_step(self, seq: Sequence) -> None:
+        """Finish ``seq`` as aborted outside :meth:`postprocess`; :meth:`take_ended` lists it."""
+        self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+        self._ended.append(seq)
 
     def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
         seq.status = status
