@@ -10,12 +10,17 @@ the same key, and a stale or foreign row holds a different one. Each step, the m
 
 Reads of unwritten memory show as ``None`` keys. This is what the paged engine's NaN-poisoned
 bit-exactness test proves with real numbers; here it runs in microseconds on any workload.
+
+A spec without compressed layers has no compressed pages (its tables hold -1): the model then
+checks and writes no compressed rows. With compressed layers, a read or write through a -1 entry is
+an error of its own (the block has no page), never a lookup of a page numbered -1.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+from atom.config import Dsv4KvSpec
 from atom.model_engine.outputs import ScheduledBatch, ScheduledSeq
 from atom.model_engine.unified_kv_arena import COMPRESS, SWA
 
@@ -34,14 +39,22 @@ class KvContentModel:
     """Tracks content keys of SWA rows, compressed pages, state slots and CSA captures."""
 
     def __init__(self, block_size: int, window: int, needs_state: bool,
-                 tokens_of: Callable[[int], list[int]]) -> None:
+                 tokens_of: Callable[[int], list[int]], has_compressed: bool = True) -> None:
         self.block_size, self.window, self.needs_state = block_size, window, needs_state
+        self.has_compressed = has_compressed
         self.tokens_of = tokens_of
         self.swa_rows: dict[tuple[int, int], int] = {}
         self.comp_rows: dict[int, int] = {}  # page -> key of the block's last position
         self.captures: dict[int, int] = {}  # SWA page -> key of the block's last position
         self.slots: dict[int, int | None] = {}  # state slot -> key of the last position it absorbed
         self.reads = 0
+
+    @classmethod
+    def for_spec(cls, spec: Dsv4KvSpec, tokens_of: Callable[[int], list[int]]) -> KvContentModel:
+        """The model for ``spec``'s layers: compressor state with CSA layers, compressed rows with
+        any compressed layer."""
+        return cls(spec.block_size, spec.sliding_window, bool(spec.csa_layers), tokens_of,
+                   has_compressed=bool(spec.compressed_layers))
 
     def keys(self, seq_id: int, upto: int) -> list[int]:
         tokens = self.tokens_of(seq_id)
@@ -71,8 +84,11 @@ class KvContentModel:
             if page < 0:
                 raise KvContentError(f"seq {item.seq_id} at {p}: window row {q} has no SWA page")
             self._expect(f"SWA row {q}", self.swa_rows.get((page, q % b)), keys[q], item)
-        for j in range(p // b):
-            self._expect(f"compressed block {j}", self.comp_rows.get(_entry(table[COMPRESS], j)), keys[(j + 1) * b - 1], item)
+        for j in range(p // b if self.has_compressed else 0):
+            page = _entry(table[COMPRESS], j)
+            if page < 0:
+                raise KvContentError(f"seq {item.seq_id} at {p}: compressed block {j} has no page")
+            self._expect(f"compressed block {j}", self.comp_rows.get(page), keys[(j + 1) * b - 1], item)
         if item.state_reset:
             self.slots[item.state_slot] = None
             if item.restore_page >= 0:
@@ -88,8 +104,11 @@ class KvContentModel:
             if page < 0:
                 raise KvContentError(f"seq {item.seq_id}: position {q} runs without an SWA page")
             self.swa_rows[(page, q % b)] = keys[q]
-            if q % b == b - 1:
-                self.comp_rows[_entry(table[COMPRESS], q // b)] = keys[q]
+            if q % b == b - 1 and self.has_compressed:
+                comp = _entry(table[COMPRESS], q // b)
+                if comp < 0:
+                    raise KvContentError(f"seq {item.seq_id}: position {q} completes a compressed block without a page")
+                self.comp_rows[comp] = keys[q]
         self.slots[item.state_slot] = keys[-1]
         end = item.start_pos + item.num_tokens
         for j in range(item.start_pos // b, end // b):  # blocks whose last position ran: the runner

@@ -115,6 +115,5 @@ def make_harness(num_chunks=40, chunk_pages=1, max_seqs=4, budget=32, max_model_
                         swa_retention_interval=interval, swa_pin_fraction=pin_fraction)
     bm = BlockManager(KvLayout.for_chunks(spec, num_chunks, limits, cache), cache)
     sched = Scheduler(limits, bm, eos_token_id=None)
-    content = KvContentModel(spec.block_size, spec.sliding_window, bool(spec.csa_layers),
-                             lambda sid: sched.by_id[sid].token_ids)
+    content = KvContentModel.for_spec(spec, lambda sid: sched.by_id[sid].token_ids)
     return Harness(LLMEngine(sched, ObservedRunner(vocab_size=997, content=content)))
