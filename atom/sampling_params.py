@@ -13,20 +13,24 @@ __all__ = ["SamplingParams"]
 class SamplingParams:
     """How to pick each output token and when to stop.
 
-    ``temperature == 0`` is greedy. ``top_k == 0`` and ``top_p == 1`` disable those filters.
+    ``temperature == 0`` is greedy. ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable those
+    filters (``min_p``: tokens less likely than ``min_p`` times the most likely one are dropped).
     ``seed`` makes sampling reproducible per request. Generation stops at ``max_tokens``, at an
     end-of-sequence token (unless ``ignore_eos``), at any of ``stop_token_ids``, or (text level, in
     the engine) at any of ``stop`` strings; ``min_tokens`` forbids the first two until that many
     tokens were generated. ``logit_bias`` ((token id, bias) pairs), ``repetition_penalty`` (1 = off),
     ``frequency_penalty`` and ``presence_penalty`` (0 = off) edit the logits
     (``atom/model_executor/logits_processors.py``). ``logprobs``: None = none, k >= 0 = the sampled
-    token's log-probability and the k most likely alternatives.
+    token's log-probability and the k most likely alternatives. ``include_stop_str_in_output``: the
+    text ends after the stop string that matched instead of before it. ``skip_special_tokens``: leave
+    special tokens out of the text (chat markers that the answer parser reads need them in).
     """
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
@@ -37,7 +41,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     logprobs: int | None = None
-    skip_special_tokens: bool = True  # leave special tokens out of the text (chat markers need them in)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         require_int("max_tokens", self.max_tokens, 1)
@@ -46,6 +51,11 @@ class SamplingParams:
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p!r} must be a number in (0, 1]")
         require_int("top_k", self.top_k, 0, note="0 = off")
+        if isinstance(self.min_p, bool) or not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p={self.min_p!r} must be a number in [0, 1] (0 = off)")
+        for name in ("skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed={self.seed!r} must be an integer or None")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)

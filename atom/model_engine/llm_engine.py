@@ -94,7 +94,8 @@ class LLMEngine:
         self.scheduler.add(seq)
         params = seq.params
         text = None if self.tokenizer is None else RequestText(
-            functools.partial(self.tokenizer.decode, skip_special_tokens=params.skip_special_tokens), params.stop)
+            functools.partial(self.tokenizer.decode, skip_special_tokens=params.skip_special_tokens), params.stop,
+            params.include_stop_str_in_output)
         req = _Request(rid, seq, text)
         self._requests[rid] = req
         self._by_seq[seq.seq_id] = req

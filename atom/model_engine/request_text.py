@@ -22,13 +22,15 @@ __all__ = ["RequestText"]
 
 
 class RequestText:
-    """Released text of one request; ``stops`` are its stop strings (may be empty)."""
+    """Released text of one request; ``stops`` are its stop strings (may be empty); ``include_stop``
+    keeps the stop string that matched at the end of the text."""
 
     __slots__ = ("_detok", "_scanner", "_pieces", "_stopped")
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], stops: tuple[str, ...]) -> None:
+    def __init__(self, decode: Callable[[Sequence[int]], str], stops: tuple[str, ...],
+                 include_stop: bool = False) -> None:
         self._detok = IncrementalDetokenizer(decode)
-        self._scanner = StopScanner(automaton_for(stops)) if stops else None
+        self._scanner = StopScanner(automaton_for(stops), include_stop) if stops else None
         self._pieces: list[str] = []
         self._stopped = False
 
@@ -54,7 +56,7 @@ class RequestText:
 
     @property
     def stopped(self) -> bool:
-        """A stop string matched (the text ends before it)."""
+        """A stop string matched (the text ends before it, or with it when ``include_stop``)."""
         return self._stopped
 
     def text(self) -> str:

@@ -86,14 +86,18 @@ def automaton_for(stops: tuple[str, ...]) -> StopAutomaton:
 
 
 class StopScanner:
-    """One request's position in the stop automaton and the text it holds back."""
+    """One request's position in the stop automaton and the text it holds back.
 
-    __slots__ = ("_auto", "_state", "_held")
+    ``include_stop``: the text ends after the stop string that matched instead of before it (the
+    holding is the same: a possible stop start is still not sent until it is decided)."""
 
-    def __init__(self, automaton: StopAutomaton) -> None:
+    __slots__ = ("_auto", "_state", "_held", "_include")
+
+    def __init__(self, automaton: StopAutomaton, include_stop: bool = False) -> None:
         self._auto = automaton
         self._state = 0
         self._held = ""
+        self._include = include_stop
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Scan ``text``; return ``(releasable text, stopped)``. After a stop, the text ends there."""
@@ -106,7 +110,7 @@ class StopScanner:
             state = auto.step(state, ch)
             if auto.match[state]:
                 self._state, self._held = 0, ""
-                return buf[: base + i + 1 - auto.match[state]], True
+                return buf[: base + i + 1 - (0 if self._include else auto.match[state])], True
         self._state = state
         keep = auto.depth[state]
         self._held = buf[len(buf) - keep:] if keep else ""

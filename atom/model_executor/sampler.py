@@ -1,4 +1,4 @@
-"""Sampling the next token from logits: greedy, temperature, top-k, top-p, reproducible with a seed.
+"""Sampling the next token from logits: greedy, temperature, top-k, min-p, top-p, reproducible with a seed.
 
 A request with a ``seed`` draws each token from a generator seeded by ``(seed, position)``, so the
 same seed gives the same tokens whatever else runs in the batch, and a request preempted and
@@ -71,7 +71,7 @@ class Sampler:
         if params.greedy:
             token = int(torch.argmax(edited))
         else:
-            probs = self._filtered_probs(edited / params.temperature, params)
+            probs = self.filtered_probs(edited / params.temperature, params)
             token = int(torch.multinomial(probs, 1, generator=self._generator(params, position)))
         if history is not None:
             history.generated(token)
@@ -86,7 +86,7 @@ class Sampler:
         scheduler never drafts for requests whose params edit logits (see ``Scheduler._propose``)."""
         if params.greedy:
             return greedy_accept(argmax if argmax is not None else torch.argmax(logits, dim=-1).tolist(), drafts)
-        probs = torch.stack([self._filtered_probs(row / params.temperature, params) for row in logits])
+        probs = torch.stack([self.filtered_probs(row / params.temperature, params) for row in logits])
         return rejection_sample(probs, drafts, None,
                                 [self._generator(params, position + i) for i in range(len(drafts) + 1)])
 
@@ -109,16 +109,22 @@ class Sampler:
         return torch.Generator(device=self.device).manual_seed((params.seed * 1_000_003 + position) % (1 << 63))
 
     @staticmethod
-    def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """The distribution a token is drawn from: softmax of ``logits [vocab]`` (already divided by the
+        temperature) restricted to the ``top_k`` largest, then to the tokens at least ``min_p`` times as
+        likely as the most likely one, then to the smallest most-likely set whose mass reaches ``top_p``;
+        renormalised after each filter. Only tensor operations: nothing is read back to the host."""
         if params.top_k and params.top_k < logits.numel():
             kth = torch.topk(logits, params.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
+        if params.min_p > 0.0:
+            probs = torch.where(probs >= params.min_p * probs.max(), probs, torch.zeros_like(probs))
+            probs = probs / probs.sum()
         if params.top_p < 1.0:
             sorted_p, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_p, 0) - sorted_p < params.top_p  # always keeps the most likely token
-            mask = torch.zeros_like(probs, dtype=torch.bool)
-            mask[order[keep]] = True
+            mask = torch.empty_like(keep).scatter_(0, order, keep)  # back to vocabulary order, no host read
             probs = torch.where(mask, probs, torch.zeros_like(probs))
             probs = probs / probs.sum()
         return probs

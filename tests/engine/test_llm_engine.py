@@ -93,7 +93,7 @@ def test_top_k_one_is_greedy_and_top_p_keeps_only_the_nucleus():
     sampler = Sampler(seed=0)
     logits = torch.tensor([0.0, 3.0, 1.0, 2.9])
     assert all(sampler.sample(logits, SamplingParams(temperature=1.0, top_k=1), i) == 1 for i in range(5))
-    probs = Sampler._filtered_probs(logits, SamplingParams(temperature=1.0, top_p=0.5))
+    probs = Sampler.filtered_probs(logits, SamplingParams(temperature=1.0, top_p=0.5))
     assert probs.nonzero().flatten().tolist() == [1, 3]
     assert torch.isclose(probs.sum(), torch.tensor(1.0))
 
