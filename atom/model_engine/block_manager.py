@@ -130,17 +130,14 @@ class BlockManager:
         """
         assert seq.seq_id not in self.holdings, f"request {seq.seq_id} admitted twice"
         match, chain = self._match(seq)
+        start = match.blocks * self.block_size
+        num_new = min(len(seq) - start, max_new)
+        if not self._admission_fits(chain, match.blocks, num_new):
+            return 0  # decided before claiming: a claim and its release would reorder the LRU and the pins
         h = self.holdings[seq.seq_id] = KvHoldings(seq.seq_id, self.updates)
         self._claim_hit(h, chain, match.blocks)
-        seq.num_computed_tokens = seq.num_cached_tokens = match.blocks * self.block_size
-        num_new = min(seq.num_remaining, max_new)
-        try:
-            self.grow(seq, num_new)
-        except ArenaEmpty:
-            self._release(h)
-            del self.holdings[seq.seq_id]
-            seq.num_computed_tokens = seq.num_cached_tokens = 0
-            return 0
+        seq.num_computed_tokens = seq.num_cached_tokens = start
+        self.grow(seq, num_new)
         h.state_fresh = True
         h.retain_boundaries = self._retain_boundaries(seq, match)
         if seq.num_preemptions == 0:  # a re-admission's hit is mostly its own recompute: count once
@@ -148,6 +145,21 @@ class BlockManager:
         if self.prefix_caching:
             self._set_frontier(seq, h.published_upto, h.published_upto)
         return num_new
+
+    def _admission_fits(self, chain: list[PrefixNode], blocks: int, num_new: int) -> bool:
+        """Whether claiming the hit of ``blocks`` blocks and backing ``num_new`` tokens after it would
+        find room (:meth:`grow` after :meth:`_claim_hit`), decided without claiming anything: the
+        claimed blocks leave the cache, and a pin they carry is no longer releasable."""
+        b = self.block_size
+        end = blocks * b + num_new
+        comp = max(0, -(-end // b) - blocks) if self.has_compressed else 0
+        swa = (end - 1) // b - blocks + 1
+        state = int(self.slots.has_state)
+        if self.arena.can_alloc(swa, comp, state):
+            return True
+        comp_ids = [chain[j].comp for j in range(blocks)] if self.has_compressed else []
+        swa_ids = [chain[j].swa for j in range(max(0, blocks - self.swa.tail_blocks), blocks)]
+        return self._room_possible(swa, comp, state, claimed={SWA: swa_ids, COMPRESS: comp_ids})
 
     def _claim_hit(self, h: KvHoldings, chain: list[PrefixNode], blocks: int) -> None:
         if self.has_compressed:
@@ -253,14 +265,24 @@ class BlockManager:
             released = self.swa.release_oldest_pin()
             assert released, f"room for {swa} SWA + {comp} compressed + {state} state pages was feasible but not reached"
 
-    def _room_possible(self, swa: int, comp: int, state: int) -> bool:
+    def _room_possible(self, swa: int, comp: int, state: int, claimed: dict[str, list[int]] | None = None) -> bool:
         """Whether evicting cached blocks (and releasing pins) can make the room: first the cheap
-        sufficient test (each owner's own cache), then the exact one (what would stay in use)."""
-        if self.arena.can_alloc(max(0, swa - self.swa.pool.num_cached()), max(0, comp - self.comp.pool.num_cached()),
-                                state):
+        sufficient test (each owner's own cache), then the exact one (what would stay in use).
+        ``claimed`` (owner -> block ids): blocks an admission would claim first (they could then be
+        neither evicted nor released from a pin)."""
+        claimed = claimed or {}
+        swa_pool, comp_pool = self.swa.pool, self.comp.pool
+        swa_held = [bid for bid in claimed.get(SWA, ()) if swa_pool.is_cached(bid)]
+        comp_held = [bid for bid in claimed.get(COMPRESS, ()) if comp_pool.is_cached(bid)]
+        if self.arena.can_alloc(max(0, swa - swa_pool.num_cached() + len(swa_held)),
+                                max(0, comp - comp_pool.num_cached() + len(comp_held)), state):
             return True
-        kept = {SWA: self.swa.pool.kept_after_eviction(self.swa.pin_only_ids()),
-                COMPRESS: self.comp.pool.kept_after_eviction([]),
+        pins = self.swa.pin_only_ids()
+        if claimed.get(SWA):
+            taken = set(claimed[SWA])
+            pins = [bid for bid in pins if bid not in taken]
+        kept = {SWA: swa_pool.kept_after_eviction(pins, swa_held),
+                COMPRESS: comp_pool.kept_after_eviction([], comp_held),
                 STATE: (self.arena.num_used(STATE), self.arena.owned_chunks(STATE))}
         return self.arena.fits_after_eviction(swa, comp, state, kept)
 

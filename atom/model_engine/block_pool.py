@@ -233,15 +233,17 @@ class BlockPool:
             self.evict(victim)
         return True
 
-    def kept_after_eviction(self, releasable: list[int]) -> tuple[int, int]:
-        """(pages, chunks) this owner would still hold if every cached block and every block of
-        ``releasable`` (held only by a retention pin) were evicted. Costs O(chunks holding cached
-        pages + len(releasable))."""
+    def kept_after_eviction(self, releasable: list[int], held: list[int] = ()) -> tuple[int, int]:
+        """(pages, chunks) this owner would still hold if every cached block except those of ``held``
+        (cached blocks about to be claimed) and every block of ``releasable`` (held only by a
+        retention pin) were evicted. Costs O(chunks holding cached pages + len(releasable) + len(held))."""
         gone = Counter(map(self._chunk.__getitem__, releasable))
         gone.update(self._cached_in_chunk)
+        if held:
+            gone.subtract(map(self._chunk.__getitem__, held))
         used, owner = self.arena.chunk_pages_used, self.owner
         drained = sum(n == used(owner, chunk) for chunk, n in gone.items())
-        pages = self.arena.num_used(self.owner) - len(self._cached) - len(releasable)
+        pages = self.arena.num_used(self.owner) - len(self._cached) - len(releasable) + len(held)
         return pages, self.arena.owned_chunks(self.owner) - drained
 
     def unpublish_all_cached(self) -> int:
