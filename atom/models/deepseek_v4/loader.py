@@ -10,22 +10,21 @@
    conversion does, because attention multiplies it per group; ``keep_quantized=False`` dequantizes all;
 3. checks every name, shape and dtype against the model and the free memory of ``device``, failing before
    any data is read with a ``CheckpointError`` naming each bad tensor and what was expected;
-4. reads one tensor at a time (``safe_open`` per tensor, so at most one tensor's file pages are mapped and
-   peak memory stays near the resident model plus twice the largest tensor), converts it straight to
-   ``device`` and its target dtype and installs it as the parameter; a progress bar counts shards.
+4. reads each file once, its tensors in the order their bytes lie (``ShardFile``: one open and one sequential
+   pass per shard whatever its tensor count; plain reads into fresh buffers, no memory map, so peak memory stays
+   near the resident model plus twice the largest tensor), converts each straight to ``device`` and its target
+   dtype and installs it as the parameter; a progress bar counts shards.
 
 MTP tensors are read only with ``load_mtp=True``; the release's MTP aliases of the embedding and head
-(``mtp.0.emb.tok_emb.weight``, ``mtp.0.head.weight``) are skipped.  ``CheckpointIndex.read`` takes a row
-slice (``safe_open.get_slice``), so a tensor-parallel split can read its part of a tensor only;
-``plan_model`` (steps 1 to 3) is shared with the sharded loader of ``atom.parallel``.
+(``mtp.0.emb.tok_emb.weight``, ``mtp.0.head.weight``) are skipped.  ``CheckpointIndex.read`` reads one tensor or a
+slice of it (``safe_open.get_slice``, the last file's handle kept open), so a tensor-parallel split reads its part
+of a tensor only; ``plan_model`` (steps 1 to 3) is shared with the sharded loader of ``atom.parallel``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -37,6 +36,7 @@ from .config import DeepseekV4Config
 from .layers import Linear
 from .model import DeepseekV4Model
 from .quant import dequantize_fp8_weight, dequantize_mxfp4_weight
+from .shard_reader import CheckpointError, ShardFile, TensorEntry, read_header
 
 __all__ = ["CheckpointError", "CheckpointIndex", "load_checkpoint", "plan_model", "read_config", "check_fits",
            "available_bytes", "convert_stored", "dequantize_stored", "INDEX_FILE"]
@@ -44,36 +44,22 @@ __all__ = ["CheckpointError", "CheckpointIndex", "load_checkpoint", "plan_model"
 INDEX_FILE = "model.safetensors.index.json"
 IGNORED_ALIASES = ("mtp.0.emb.tok_emb.weight", "mtp.0.head.weight")
 _DEQUANT_ON_LOAD = re.compile(r"attn\.wo_a$")
-_ITEM_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
 _FLOATS = ("F64", "F32", "BF16", "F16")
 _SCALES = ("F8_E8M0", "U8")
 _STORED_FORMAT = {"F8_E4M3": "fp8", "I8": "mxfp4", "U8": "mxfp4"}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is incomplete, corrupted, does not match its config or does not fit the device."""
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """Where a tensor lies and what its header says."""
-
-    file: Path
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * _ITEM_BYTES.get(self.dtype, 1)
-
-
 class CheckpointIndex:
-    """Every tensor of a checkpoint directory, from the safetensors headers (no tensor data is read)."""
+    """Every tensor of a checkpoint directory, from the safetensors headers (no tensor data is read).
+
+    ``entries`` maps each name to its ``TensorEntry``; ``names_in(file)`` lists a file's tensors in the order of
+    their bytes (each header is parsed once, so no per-tensor work scans the whole checkpoint)."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.entries: dict[str, TensorEntry] = {}
+        self._in_file: dict[Path, list[str]] = {}
+        self._handle: tuple[Path, str, object] | None = None
         index = self.directory / INDEX_FILE
         if index.is_file():
             listed = self._weight_map(index)
@@ -84,7 +70,9 @@ class CheckpointIndex:
             if not self.files:
                 raise CheckpointError(f"no *.safetensors files in {self.directory}")
         for path in self.files:
-            self._read_header(path)
+            tensors = read_header(path)
+            self._in_file[path] = [name for name, _ in tensors]
+            self.entries.update(tensors)
         if listed is not None:
             absent = sorted(n for n, f in listed.items() if self.entries.get(n, None) is None
                             or self.entries[n].file.name != Path(f).name)
@@ -102,20 +90,13 @@ class CheckpointIndex:
             raise CheckpointError(f"{INDEX_FILE} lists shard files that are missing: {missing}")
         return weight_map
 
-    def _read_header(self, path: Path) -> None:
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    sl = f.get_slice(name)
-                    self.entries[name] = TensorEntry(path, sl.get_dtype(), tuple(sl.get_shape()))
-        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"checkpoint file {path} is unreadable or corrupted: {e}") from e
-
     def __contains__(self, name: str) -> bool:
         return name in self.entries
 
     def names_in(self, path: Path) -> list[str]:
-        return sorted(n for n, e in self.entries.items() if e.file == path)
+        """The tensors of file ``path`` in the order their bytes lie (a name another file repeats is kept by the
+        later file, as in ``entries``)."""
+        return [n for n in self._in_file[path] if self.entries[n].file == path]
 
     @property
     def nbytes(self) -> int:
@@ -124,14 +105,26 @@ class CheckpointIndex:
 
     def read(self, name: str, device: torch.device | str = "cpu",
              rows: slice | tuple[slice, ...] | None = None) -> torch.Tensor:
-        """Tensor ``name`` (or its ``rows``, or a slice per dimension) on ``device``; the file is opened for
-        this tensor only."""
+        """Tensor ``name`` (or its ``rows``, or a slice per dimension) on ``device``.
+
+        Random access through ``safe_open``; the last file's handle stays open, so reading the tensors of one
+        file after another opens each file once (whole files are best read with :class:`ShardFile`)."""
         entry = self.entries[name]
         try:
-            with safe_open(str(entry.file), framework="pt", device=str(device)) as f:
-                return f.get_tensor(name) if rows is None else f.get_slice(name)[rows]
+            f = self._open(entry.file, str(device))
+            return f.get_tensor(name) if rows is None else f.get_slice(name)[rows]
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"tensor {name} in {entry.file} is unreadable: {e}") from e
+
+    def _open(self, path: Path, device: str):  # -> safe_open handle
+        if self._handle is None or self._handle[:2] != (path, device):
+            self._handle = None  # unmap the previous file first
+            self._handle = (path, device, safe_open(str(path), framework="pt", device=device))
+        return self._handle[2]
+
+    def close(self) -> None:
+        """Drop the file handle ``read`` keeps (its mapping goes with it)."""
+        self._handle = None
 
 
 def read_config(directory: str | Path, **overrides: object) -> DeepseekV4Config:
@@ -231,11 +224,15 @@ def _expected_dtypes(name: str, target: torch.Tensor, dequant: set[str]) -> tupl
 
 def convert_stored(t: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``t`` as the dtype of ``target`` (bit views for packed FP4 and e8m0), never sharing the file mapping."""
-    if target.dtype in (torch.uint8, torch.float8_e8m0fnu) and t.dtype in (torch.int8, torch.uint8):
-        out = t.view(target.dtype)
-    else:
-        out = t.to(target.dtype)
+    out = _as_target(t, target)
     return out.clone() if out.data_ptr() == t.data_ptr() and out.device.type == "cpu" else out
+
+
+def _as_target(t: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``t`` as the dtype of ``target``, sharing ``t``'s memory where the dtype allows (for owned buffers)."""
+    if target.dtype in (torch.uint8, torch.float8_e8m0fnu) and t.dtype in (torch.int8, torch.uint8):
+        return t.view(target.dtype)
+    return t.to(target.dtype)
 
 
 def _install(model: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -289,20 +286,40 @@ def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32
                                        **overrides)
     expected = dict(model.state_dict())
     check_fits(sum(t.numel() * t.element_size() for t in expected.values()), device)
+    scales = {name[: -len("weight")] + "scale": name for name in dequant}
+    waiting: dict[str, torch.Tensor] = {}  # one half of a weight + scale pair whose other half is in a later file
     for path in _shards(index, progress):
-        for name in index.names_in(path):
-            if name not in expected:
-                continue
-            if name in dequant:
-                value = _dequantized(index, name, device).to(expected[name].dtype)
-            else:
-                value = convert_stored(index.read(name, device), expected[name])
-            _install(model, name, value)
+        with ShardFile(path) as shard:
+            for name in index.names_in(path):
+                weight = scales.get(name, name)
+                if weight in dequant:
+                    value = _dequantized(index, shard, name, weight, device, waiting)
+                    if value is not None:
+                        _install(model, weight, value.to(expected[weight].dtype))
+                elif name in expected:
+                    _install(model, name, _as_target(shard.read(name, index.entries[name], device),
+                                                     expected[name]))
+    if waiting:  # plan_model admits a dequantized weight only with its scale, so this is never reached
+        raise CheckpointError(f"tensors never paired with their weight or scale: {sorted(waiting)}")
     return model.eval()
 
 
-def _dequantized(index: CheckpointIndex, name: str, device: torch.device | str) -> torch.Tensor:
-    return dequantize_stored(name, index.read(name, device), index.read(name[: -len("weight")] + "scale", device))
+def _dequantized(index: CheckpointIndex, shard: ShardFile, name: str, weight: str, device: torch.device | str,
+                 waiting: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The dequantized ``weight`` once both it and its scale are read, else None.
+
+    ``name`` (the weight or its scale) is in ``shard``; a partner in the same file is read now through the same
+    open file, one in another file is paired when that file's turn comes (``waiting`` holds the early half)."""
+    scale = weight[: -len("weight")] + "scale"
+    partner = scale if name == weight else weight
+    if index.entries[partner].file == shard.path:
+        if name == scale:
+            return None  # read with its weight
+        waiting[partner] = shard.read(partner, index.entries[partner], device)
+    waiting[name] = shard.read(name, index.entries[name], device)
+    if partner not in waiting:
+        return None
+    return dequantize_stored(weight, waiting.pop(weight), waiting.pop(scale))
 
 
 def dequantize_stored(name: str, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
