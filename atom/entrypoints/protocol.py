@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["ApiError", "StreamOptions", "ChatMessage", "CompletionRequest", "ChatCompletionRequest", "ToolSpec",
            "usage_dict", "error_body"]
@@ -122,7 +122,7 @@ class ContentPart(_Strict):
 
 class FunctionCall(_Strict):
     name: str
-    arguments: str = "{}"  # a JSON object, as a string (OpenAI's shape)
+    arguments: str  # a JSON object, as a string (OpenAI's shape); "{}" for a call without arguments
 
 
 class ToolCall(_Strict):
@@ -131,19 +131,24 @@ class ToolCall(_Strict):
     function: FunctionCall
 
 
-class FunctionSpec(_Strict):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
 class ToolSpec(_Strict):
+    """A declared tool. ``function`` is kept as the request's JSON gave it (every key, in its order,
+    ``"strict"`` included) because the prompt reproduces it verbatim; it must have a string ``name``."""
+
     type: Literal["function"]
-    function: FunctionSpec
+    function: dict[str, Any]
+
+    @field_validator("function")
+    @classmethod
+    def _named(cls, function: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(function.get("name"), str):
+            raise ValueError("a tool's function needs a string 'name'")
+        return function
 
 
 class ThinkingOption(_Strict):
     type: Literal["enabled", "disabled"]
+    budget_tokens: Any = None  # DeepSeek / Anthropic style; refused (the format cannot bound reasoning)
 
 
 class ChatMessage(_Strict):
@@ -155,12 +160,13 @@ class ChatMessage(_Strict):
     tool_call_id: str | None = None  # role "tool": the call this result answers
 
     def text(self) -> str:
-        """The content as one string (text parts joined)."""
+        """The content as one string: text parts joined with a blank line (as the DeepSeek-V4 format
+        joins the parts of a tool result)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content)
+        return "\n\n".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -173,14 +179,14 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[ToolSpec] | None = None
+    parallel_tool_calls: bool | None = None  # false is refused: the format cannot limit a turn to one call
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM-style: {"thinking": bool}
     thinking: Union[bool, ThinkingOption, None] = None  # DeepSeek API style: {"type": "enabled"}
+    reasoning_effort: str | None = None  # "high" or "max" (thinking mode); checked by chat_prompt
 
     def unsupported(self) -> str | None:
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tool_choice"  # forcing a call ("required", a named function) is not implemented
-        if self.response_format not in (None, {"type": "text"}):
-            return "response_format"
+        # tools, tool_choice, response_format, reasoning_effort and the thinking switches are checked
+        # (with a message saying what is accepted) when the prompt is built: chat_prompt.py
         for name in ("functions", "suffix"):
             if getattr(self, name):
                 return name
@@ -189,13 +195,12 @@ class ChatCompletionRequest(_SamplingFields):
         return None
 
     def thinking_mode(self) -> bool | None:
-        """Thinking on / off as asked (``chat_template_kwargs`` first, then ``thinking``); None: not asked."""
+        """Thinking on / off as asked (``chat_template_kwargs`` first, then ``thinking``); None: not asked.
+        The values' types are checked by ``chat_prompt.check_chat_options``."""
         kwargs = self.chat_template_kwargs or {}
         for key in ("thinking", "enable_thinking"):
             if key in kwargs:
-                if not isinstance(kwargs[key], bool):
-                    raise ValueError(f"chat_template_kwargs.{key} must be true or false")
-                return kwargs[key]
+                return bool(kwargs[key])
         if isinstance(self.thinking, ThinkingOption):
             return self.thinking.type == "enabled"
         return self.thinking

@@ -1,4 +1,4 @@
-"""DeepSeek-V4 chat: the prompt encoding, the reasoning / content / tool-call split (hand-written answers,
+"""DeepSeek-V4 chat: the reasoning / content / tool-call split (hand-written answers,
 streamed piece by piece), and the same through the ``openai`` client."""
 
 import json
@@ -8,43 +8,12 @@ import pytest
 
 from atom.builtin_model import BUILTIN_MODEL_NAME as MODEL
 from atom.entrypoints.chat_output import ChatOutputParser, parse_tool_calls
-from atom.entrypoints.dsv4_encoding import render_dsv4_chat
 
 BOS, EOS, U, A = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
 D = "｜DSML｜"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                             "parameters": {"type": "object",
                                                            "properties": {"city": {"type": "string"}}}}}
-
-
-def test_a_plain_chat_closes_the_thinking_block_and_a_thinking_chat_opens_it():
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
-    assert render_dsv4_chat(msgs, thinking=False) == f"{BOS}Be brief.{U}2+2?{A}</think>"
-    assert render_dsv4_chat(msgs, thinking=True) == f"{BOS}Be brief.{U}2+2?{A}<think>"
-
-
-def test_earlier_turns_drop_their_reasoning_but_a_tool_loop_in_progress_keeps_it():
-    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}
-    msgs = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "Hello.", "reasoning_content": "greet"},
-            {"role": "user", "content": "weather?"},
-            {"role": "assistant", "content": "", "reasoning_content": "need a tool", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
-    text = render_dsv4_chat(msgs, thinking=True, tools=[WEATHER])
-    expected_calls = (f"\n\n<{D}tool_calls>\n<{D}invoke name=\"get_weather\">\n"
-                      f"<{D}parameter name=\"city\" string=\"true\">Paris</{D}parameter>\n"
-                      f"<{D}parameter name=\"days\" string=\"false\">2</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>")
-    assert text.startswith(BOS + "## Tools\n")
-    assert json.dumps(WEATHER["function"]) in text
-    assert text.endswith(f"{U}hi{A}</think>Hello.{EOS}{U}weather?{A}<think>need a tool</think>{expected_calls}{EOS}"
-                         f"{U}<{D}function_results>\n<{D}result tool_call_id=\"c1\">sunny</{D}result>\n"
-                         f"</{D}function_results>{A}<think>")
-    assert "greet" not in text
-
-
-def test_an_unknown_role_is_a_value_error():
-    with pytest.raises(ValueError, match="unsupported role 'wizard'"):
-        render_dsv4_chat([{"role": "wizard", "content": "x"}], thinking=False)
 
 
 ANSWER = (f"Check the weather.</think>Let me look.\n\n<{D}tool_calls>\n<{D}invoke name=\"get_weather\">\n"
