@@ -16,6 +16,8 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from atom.entrypoints.known_params import ChatExtras, CompletionExtras, StreamOptionExtras, VllmSamplingExtras
+
 __all__ = ["ApiError", "StreamOptions", "ChatMessage", "CompletionRequest", "ChatCompletionRequest", "ToolSpec",
            "usage_dict", "error_body"]
 
@@ -48,18 +50,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-class StreamOptions(_Strict):
+class StreamOptions(_Strict, StreamOptionExtras):
     include_usage: bool = False
 
 
-class _SamplingFields(_Strict):
-    """Fields both endpoints share; ranges are checked when SamplingParams is built."""
+class _SamplingFields(_Strict, VllmSamplingExtras):
+    """Fields both endpoints share; ranges are checked when SamplingParams is built. The known parameters
+    the server refuses are declared in :mod:`atom.entrypoints.known_params` (``refused_parameter``)."""
 
     model: str
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None  # not in OpenAI's API; vLLM-style extra
+    min_p: float | None = None  # vLLM-style extra (0 = off)
     seed: int | None = None
     stop: Union[str, list[str], None] = None
     stream: bool = False
@@ -72,6 +76,8 @@ class _SamplingFields(_Strict):
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     min_tokens: int = 0  # vLLM-style extra: no end-of-sequence / stop token before this many tokens
     stop_token_ids: list[int] | None = None  # vLLM-style extra
+    include_stop_str_in_output: bool = False  # vLLM-style extra: the text ends with the stop string
+    skip_special_tokens: bool = True  # vLLM-style extra: special tokens left out of the text
     # accepted so that asking for them is a clear 400 naming the parameter, never a silent 200
     best_of: int | None = None
     response_format: Any = None
@@ -98,7 +104,7 @@ class _SamplingFields(_Strict):
         raise NotImplementedError
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(_SamplingFields, CompletionExtras):
     """``POST /v1/completions``. ``prompt`` is text, a list of texts, token ids or lists of ids."""
 
     prompt: Union[str, list[str], list[int], list[list[int]]]
@@ -169,7 +175,7 @@ class ChatMessage(_Strict):
         return "\n\n".join(p.text for p in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, ChatExtras):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over the older ``max_tokens``."""
 
     messages: list[ChatMessage] = Field(min_length=1)

@@ -24,6 +24,7 @@ from atom.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestG
 from atom.entrypoints.metrics import ServerMetrics
 from atom.entrypoints.chat_output import ChatDelta, ChatOutputParser
 from atom.entrypoints.chat_prompt import ChatFormat, prompt_chars, render_chat_prompt
+from atom.entrypoints.known_params import refusal_message
 from atom.entrypoints.limits import ServerLimits
 from atom.entrypoints.logprobs_format import chat_logprobs, completion_logprobs
 from atom.entrypoints.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, _SamplingFields, error_body,
@@ -160,6 +161,7 @@ class OpenAIServing:
     def _prepared(self, kind: str, prefix: str, req: _SamplingFields, prompts: list[list[int]],
                   max_tokens: int, echo: list[str], chat_format: ChatFormat | None = None) -> Prepared:
         lim = self.limits
+        self._check_refused(req, chat_format)
         bad = req.unsupported()
         if bad is not None:
             raise ApiError(400, f"{bad} is not supported by this server; leave it out", param=bad,
@@ -175,11 +177,22 @@ class OpenAIServing:
             raise ApiError(400, f"seed={req.seed} must be in [0, {self.max_seed}]", param="seed")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         edits = self._logit_edits(req)
-        edits["skip_special_tokens"] = chat_format is None  # the DeepSeek-V4 markers must stay in the text
+        edits["skip_special_tokens"] = req.skip_special_tokens and chat_format is None  # markers stay for the parser
         params = [self._params(req, max_tokens, stop, k, edits) for k in range(req.n)]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return Prepared(kind, f"{prefix}-{uuid.uuid4().hex}", prompts, params, req.stream, include_usage, echo,
                         req.num_logprobs(), chat_format)
+
+    @staticmethod
+    def _check_refused(req: _SamplingFields, chat_format: ChatFormat | None) -> None:
+        """A known parameter this server does not implement (``known_params``), asked for: 400 naming it."""
+        found = req.refused_parameter()
+        if found is not None:
+            raise ApiError(400, refusal_message(*found), param=found[0], code="unsupported_parameter")
+        if chat_format is not None and not req.skip_special_tokens:
+            raise ApiError(400, "skip_special_tokens=false is not supported for a chat in the DeepSeek-V4 encoding "
+                                "(its markers become reasoning_content and tool_calls); leave it out",
+                           param="skip_special_tokens", code="unsupported_parameter")
 
     def _logit_edits(self, req: _SamplingFields) -> dict[str, Any]:
         """``logit_bias`` / ``stop_token_ids`` as token ids inside the vocabulary, plus the penalties."""
@@ -206,8 +219,9 @@ class OpenAIServing:
     def _params(req: _SamplingFields, max_tokens: int, stop: list[str], k: int,
                 edits: dict[str, Any]) -> SamplingParams:
         fields: dict[str, Any] = dict(max_tokens=max_tokens, stop=tuple(stop), ignore_eos=req.ignore_eos,
+                                      include_stop_str_in_output=req.include_stop_str_in_output,
                                       seed=None if req.seed is None else req.seed + k, **edits)
-        for name in ("temperature", "top_p", "top_k"):
+        for name in ("temperature", "top_p", "top_k", "min_p"):
             if getattr(req, name) is not None:
                 fields[name] = getattr(req, name)
         try:
