@@ -1,37 +1,52 @@
 """A DeepSeek-V4 answer split into ``reasoning_content``, ``content`` and OpenAI ``tool_calls`` as it streams.
 
-The answer's text passes through three states::
+:class:`ChatOutputParser` is the streaming form of :func:`~atom.entrypoints.dsv4_answer.parse_completion`:
+fed the answer piece by piece, it releases reasoning and content as soon as they are decided, and
+its pieces joined equal that one-shot parse, however the answer was cut into pieces::
 
-    reasoning --"</think>"--> content --"<｜DSML｜tool_calls>"--> tool block --"</｜DSML｜tool_calls>"--> content
+    reasoning --"</think>"--> content --"\\n\\n<｜DSML｜tool_calls"--> tool block --(end)--> tool_calls
+        (thinking mode only)      |--"<｜end▁of▁sentence｜>"--> end
 
-Thinking mode starts in ``reasoning`` (the prompt opened ``<think>``); non-thinking mode in
-``content``. The markers are found with :class:`MarkerSplitter`, which holds back text that could be
-the start of a marker, so no partial marker is ever sent as content. A tool block is sent only once
-it is complete, as parsed ``tool_calls`` (arguments as a JSON string, as OpenAI sends them). A block
-the answer leaves unfinished, or one that does not parse, is returned as plain content rather than
-lost. A marker that does not belong to the current state (``</think>`` inside the content) is text.
+* Text that could still be the start of a marker (``</``, ``\\n\\n<｜DS``, ...) is held back until the
+  next piece decides it, so no piece of a marker is ever released as reasoning or content.
+* A tool-call block is held whole and read at the end by the one-shot parser, so its calls are
+  exactly the parser's; they are released with the last piece (the block is the end of the answer).
+* When the answer leaves the format (the cases where the one-shot parser raises), what was
+  released stays, and the rest of the text, from the point where the answer stopped fitting the
+  format, is released as ``content`` with the format's control strings made inert (:func:`inert`),
+  so a client never receives one of them: ``｜`` becomes ``|`` (``<|DSML|invoke name="f">``),
+  ``<think>`` / ``</think>`` become ``<think >`` / ``</think >``, and an end-of-sentence token that
+  ends the answer is dropped. An answer that stops while still reasoning keeps that text as
+  reasoning (a thinking answer cut by ``max_tokens``). :attr:`ChatOutputParser.error` then holds the
+  one-shot parser's message.
+
+Every decision depends only on the text seen so far, never on where the pieces were cut, which is
+why the pieces always join to the same result (tests feed every example one character at a time).
 """
 
 from __future__ import annotations
 
-import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from atom.entrypoints.dsv4_encoding import DSML, END_THINK, TOOL_CALLS_BEGIN, TOOL_CALLS_END
-from atom.model_engine.stop_strings import MarkerSplitter
+from atom.entrypoints.dsv4_answer import (ANSWER_ERRORS, BOS, CONTROL_STRINGS, DSML, END_THINK, EOS, THINK,
+                                          TOOL_CALLS_START, parse_completion)
 
-__all__ = ["ChatDelta", "ChatOutputParser", "parse_tool_calls"]
+__all__ = ["ChatDelta", "ChatOutputParser", "inert"]
 
-_INVOKE = re.compile(rf'<{DSML}invoke name="([^"]*)">(.*?)</{DSML}invoke>', re.S)
-_PARAM = re.compile(rf'<{DSML}parameter name="([^"]*)" string="(true|false)">(.*?)</{DSML}parameter>', re.S)
+# What ends each state. Besides its exits, each lists the control strings that may not appear in it:
+# meeting one means the answer cannot parse, whatever follows.
+_MARKERS = {"reasoning": (END_THINK, TOOL_CALLS_START, BOS, EOS, THINK, DSML),
+            "content": (EOS, TOOL_CALLS_START, BOS, THINK, END_THINK, DSML)}
+_INERT = {BOS: BOS.replace("｜", "|"), EOS: EOS.replace("｜", "|"), THINK: "<think >", END_THINK: "</think >",
+          DSML: DSML.replace("｜", "|")}
 
 
 @dataclass
 class ChatDelta:
-    """What one piece of answer text adds."""
+    """What one piece of answer text adds. ``tool_calls`` entries are OpenAI stream entries:
+    ``{"index", "id", "type": "function", "function": {"name", "arguments"}}``."""
 
     reasoning: str = ""
     content: str = ""
@@ -40,75 +55,149 @@ class ChatDelta:
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.tool_calls)
 
+    def extend(self, other: ChatDelta) -> ChatDelta:
+        """This delta followed by ``other`` (a new object)."""
+        return ChatDelta(self.reasoning + other.reasoning, self.content + other.content,
+                         self.tool_calls + other.tool_calls)
 
-def parse_tool_calls(block: str) -> list[dict[str, Any]] | None:
-    """OpenAI ``tool_calls`` of the DSML between the tool-call markers; None if it does not parse."""
-    calls = []
-    for name, body in _INVOKE.findall(block):
-        args: dict[str, Any] = {}
-        for pname, is_str, value in _PARAM.findall(body):
-            if is_str == "true":
-                args[pname] = value
-            else:
-                try:
-                    args[pname] = json.loads(value)
-                except json.JSONDecodeError:
-                    return None
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
-    leftover = _INVOKE.sub("", block).strip()
-    return calls if calls and not leftover else None
+
+def inert(text: str) -> str:
+    """``text`` with every control string made inert (see the module docstring); no control string
+    can appear in the result, not even one formed across a replacement."""
+    writer = _InertText()
+    return writer.feed(text) + writer.finish()
+
+
+def _next_marker(buf: str, markers: tuple[str, ...]) -> tuple[int, str | None]:
+    """How far the undecided text ``buf`` can be released: ``(pos, marker)`` for the marker that
+    starts first, or ``(pos, None)`` where a possible marker start runs to the end of ``buf`` before
+    any complete one (held until more text decides), or ``(len(buf), None)``."""
+    best, found = len(buf), None
+    for marker in markers:
+        pos = buf.find(marker)
+        if pos != -1 and pos < best:
+            best, found = pos, marker
+    longest = max(len(m) for m in markers)
+    for start in range(max(0, len(buf) - longest + 1), best):
+        rest = buf[start:]
+        if any(len(rest) < len(m) and m.startswith(rest) for m in markers):
+            return start, None
+    return best, found
+
+
+class _InertText:
+    """Streams text with the control strings replaced by their inert forms; an end-of-sentence token
+    is held while it ends the text so far, and dropped if nothing follows it."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        buf, out = self._held + text, []
+        while True:
+            pos, marker = _next_marker(buf, CONTROL_STRINGS)
+            out.append(buf[:pos])
+            if marker is None or (marker == EOS and pos + len(EOS) == len(buf)):
+                self._held = buf[pos:]
+                return "".join(out)
+            out.append(_INERT[marker])
+            buf = buf[pos + len(marker):]
+
+    def finish(self) -> str:
+        held, self._held = self._held, ""
+        return "" if held == EOS else held  # otherwise a proper prefix of a control string: plain text
 
 
 class ChatOutputParser:
-    """Feed the answer's released text; get :class:`ChatDelta` pieces (see the module docstring)."""
+    """Feed the answer's text (:meth:`feed`), then :meth:`finish`; each returns a :class:`ChatDelta`.
 
-    def __init__(self, thinking: bool, tools: bool) -> None:
-        self.state = "reasoning" if thinking else "content"
-        self._tools = tools
-        markers = (END_THINK, TOOL_CALLS_BEGIN, TOOL_CALLS_END) if tools else (END_THINK,)
-        self._splitter = MarkerSplitter(markers)
-        self._block: list[str] = []
+    ``thinking``: the prompt opened ``<think>`` (the answer starts with reasoning). After
+    :meth:`finish`, :attr:`error` is None when the answer parsed, else the one-shot parser's message.
+    """
+
+    def __init__(self, thinking: bool) -> None:
+        self.thinking = thinking
+        self.error: str | None = None
         self.num_calls = 0
+        self._state = "reasoning" if thinking else "content"  # then: block, after_eos, failed
+        self._buf = ""  # undecided text of the current state (empty in "block")
+        self._pieces: list[str] = []
+        self._fed = 0
+        self._block_start = 0
+        self._sent = {"reasoning": 0, "content": 0}
+        self._inert = _InertText()
+        self._finished = False
 
     def feed(self, text: str) -> ChatDelta:
+        if self._finished:
+            raise RuntimeError("ChatOutputParser.feed after finish")
         delta = ChatDelta()
-        for piece, marker in self._splitter.feed(text):
-            self._add(delta, piece)
-            if marker is not None:
-                self._on_marker(delta, marker)
+        if text:
+            self._pieces.append(text)
+            self._fed += len(text)
+            if self._state != "block":
+                self._buf += text
+                self._advance(delta)
         return delta
 
-    def finish(self) -> ChatDelta:
-        """The answer ended: release held text; an unfinished tool block becomes content."""
-        delta = ChatDelta()
-        self._add(delta, self._splitter.flush())
-        if self.state == "tools":
-            delta.content += TOOL_CALLS_BEGIN + "".join(self._block)
-            self._block, self.state = [], "content"
-        return delta
-
-    def _add(self, delta: ChatDelta, text: str) -> None:
-        if self.state == "reasoning":
-            delta.reasoning += text
-        elif self.state == "content":
-            delta.content += text
+    def finish(self, ended: bool) -> ChatDelta:
+        """The answer is over. ``ended``: it was closed by the end-of-sentence token, which the fed
+        text does not hold (a server strips the stopping token); False when it was cut short."""
+        delta = self.feed(EOS) if ended else ChatDelta()
+        self._finished = True
+        try:
+            result = parse_completion("".join(self._pieces), "thinking" if self.thinking else "chat")
+        except ANSWER_ERRORS as exc:
+            self.error, result = str(exc), None
+        if result is not None and self._state in ("block", "after_eos"):
+            self._emit(delta, "reasoning", result["reasoning_content"][self._sent["reasoning"]:])
+            self._emit(delta, "content", result["content"][self._sent["content"]:])
+            delta.tool_calls = [self._call(c["function"]) for c in result["tool_calls"]]
         else:
-            self._block.append(text)
+            self._recover(delta)
+        return delta
 
-    def _on_marker(self, delta: ChatDelta, marker: str) -> None:
-        if self.state == "reasoning" and marker == END_THINK:
-            self.state = "content"
-        elif self.state == "content" and marker == TOOL_CALLS_BEGIN:
-            self.state = "tools"
-        elif self.state == "tools" and marker == TOOL_CALLS_END:
-            block, self._block, self.state = "".join(self._block), [], "content"
-            calls = parse_tool_calls(block)
-            if calls is None:
-                delta.content += TOOL_CALLS_BEGIN + block + TOOL_CALLS_END
+    def _advance(self, delta: ChatDelta) -> None:
+        """Release what the text held so far decides; move between states at markers."""
+        while self._state in ("reasoning", "content"):
+            where = self._state
+            pos, marker = _next_marker(self._buf, _MARKERS[where])
+            self._emit(delta, where, self._buf[:pos])
+            self._buf = self._buf[pos:]
+            if marker is None:
+                return
+            if where == "reasoning" and marker == END_THINK:
+                self._buf, self._state = self._buf[len(END_THINK):], "content"
+            elif where == "content" and marker == TOOL_CALLS_START:
+                self._block_start, self._buf, self._state = self._fed - len(self._buf), "", "block"
+            elif where == "content" and marker == EOS:
+                self._state = "after_eos"
             else:
-                for call in calls:
-                    delta.tool_calls.append({"index": self.num_calls, **call})
-                    self.num_calls += 1
+                self._state = "failed"
+        if self._state == "after_eos" and len(self._buf) > len(EOS):
+            self._state = "failed"  # text after the end-of-sentence token
+        if self._state == "failed":
+            self._emit(delta, "content", self._inert.feed(self._buf))
+            self._buf = ""
+
+    def _recover(self, delta: ChatDelta) -> None:
+        """The answer did not parse: the undecided rest, made inert, ends the field it was in
+        (reasoning when the text stopped while reasoning, else content)."""
+        if self._state == "block":
+            rest = "".join(self._pieces)[self._block_start:]
         else:
-            self._add(delta, marker)
+            rest, self._buf = self._buf, ""
+        where = "reasoning" if self._state == "reasoning" else "content"
+        self._emit(delta, where, self._inert.feed(rest) + self._inert.finish())
+        self._state = "failed"
+
+    def _emit(self, delta: ChatDelta, where: str, text: str) -> None:
+        if text:
+            setattr(delta, where, getattr(delta, where) + text)
+            self._sent[where] += len(text)
+
+    def _call(self, function: dict[str, str]) -> dict[str, Any]:
+        call = {"index": self.num_calls, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": function["name"], "arguments": function["arguments"]}}
+        self.num_calls += 1
+        return call

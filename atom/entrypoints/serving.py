@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from atom.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestGroup
 from atom.entrypoints.metrics import ServerMetrics
-from atom.entrypoints.chat_output import ChatDelta, ChatOutputParser
+from atom.entrypoints.chat_output import ChatOutputParser
 from atom.entrypoints.chat_prompt import ChatFormat, prompt_chars, render_chat_prompt
 from atom.entrypoints.known_params import refusal_message
 from atom.entrypoints.limits import ServerLimits
@@ -73,10 +73,8 @@ class _ChoiceState:
         if self.parser is None:
             return {"content": text} if text else {}
         parts = self.parser.feed(text)
-        if finished:
-            rest = self.parser.finish()
-            parts = ChatDelta(parts.reasoning + rest.reasoning, parts.content + rest.content,
-                              parts.tool_calls + rest.tool_calls)
+        if finished:  # a "stop" finish closed the answer (end-of-sentence, stop string or stop token id)
+            parts = parts.extend(self.parser.finish(ended=self.finish_reason == "stop"))
         self.num_tool_calls += len(parts.tool_calls)
         delta: dict[str, Any] = {}
         if parts.reasoning:
@@ -259,7 +257,7 @@ class OpenAIServing:
         n = len(prep.params)
         fmt = prep.chat_format
         states = [_ChoiceState(prompt_index=i // n,
-                               parser=None if fmt is None else ChatOutputParser(fmt.thinking, fmt.tools))
+                               parser=None if fmt is None else ChatOutputParser(fmt.thinking))
                   for i in range(len(prep.prompts) * n)]
         try:
             for i in range(len(states)):
