@@ -172,10 +172,13 @@ class LLMEngine:
         return result
 
     def _is_stop_token(self, seq: Sequence, token: int | None) -> bool:
-        """The token that ended the request (end-of-sequence or a stop token id) is not part of the text."""
+        """The token that ended the request (end-of-sequence or a stop token id) is not part of the text,
+        unless the request keeps what stopped it (``include_stop_str_in_output``, as vLLM does)."""
         if token is None or seq.status is not SequenceStatus.FINISHED_STOPPED:
             return False
         p = seq.params
+        if p.include_stop_str_in_output:
+            return False
         return token in p.stop_token_ids or (token == self.scheduler.eos_token_id and not p.ignore_eos)
 
     def _finish_output(self, req: _Request) -> RequestOutput:

@@ -71,3 +71,12 @@ def test_the_api_skips_special_tokens_by_default_and_keeps_them_when_asked(serve
     assert c.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].text == ""
     kept = c.completions.create(**kw, extra_body={"ignore_eos": True, "skip_special_tokens": False})
     assert kept.choices[0].text == "<｜User｜><｜User｜>" and kept.usage.completion_tokens == 2
+
+
+def test_a_stop_token_id_keeps_its_text_only_when_the_stop_is_kept(server):
+    c = server.client()
+    kw = dict(model=MODEL, prompt="end", max_tokens=10, temperature=0, logit_bias={str(ord("B")): 100})
+    stop = {"stop_token_ids": [ord("B")], "ignore_eos": True}
+    kept = c.completions.create(**kw, extra_body={**stop, "include_stop_str_in_output": True})
+    assert (kept.choices[0].text, kept.choices[0].finish_reason, kept.usage.completion_tokens) == ("B", "stop", 1)
+    assert c.completions.create(**kw, extra_body=stop).choices[0].text == ""
