@@ -223,8 +223,10 @@ class BlockManager:
         return True
 
     # ---- growth -------------------------------------------------------------------------------
-    def grow(self, seq: Sequence, num_new: int) -> None:
-        """Back the next ``num_new`` positions of ``seq``; :class:`ArenaEmpty` if no room.
+    def grow(self, seq: Sequence, num_new: int, spare_only: bool = False) -> None:
+        """Back the next ``num_new`` positions of ``seq``; :class:`ArenaEmpty` (changing nothing) if
+        no room. ``spare_only``: use only pages the arena has spare, evicting no cached block and
+        releasing no retention pin (speculative drafts are backed this way).
 
         Fast path: a step inside one block that is already backed (most decode steps) allocates
         nothing and runs no room check."""
@@ -238,6 +240,8 @@ class BlockManager:
         comp_new = self.comp.pages_needed(h, end) if self.has_compressed else 0
         swa_new = self.swa.pages_needed(h, start, num_new)
         state_new = self.slots.pages_needed(h)
+        if spare_only and not self.arena.can_alloc(swa_new, comp_new, state_new):
+            raise ArenaEmpty(f"no spare room for {swa_new} SWA + {comp_new} compressed + {state_new} state pages")
         self._make_room(swa_new, comp_new, state_new)
         if comp_new:
             self.comp.ensure(h, end)

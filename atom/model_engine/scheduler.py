@@ -16,7 +16,10 @@ Chunked prefill and decode mix freely in a step. Each step:
 
 Speculative decoding (``speculative_num_tokens`` = K > 0 and a :class:`DraftSource`): a decoding
 request's step runs its last token plus up to K drafts from the draft source (fewer near its
-``max_tokens`` or the model length, or when the budget or the arena is short). The drafts are not
+``max_tokens`` or the model length, or when the budget or the arena is short). The committed token is
+backed first (preempting as above if need be); the drafts only with pages the arena has spare, so
+speculation never preempts a request, evicts a cached block or releases a retention pin: drafts
+that would need a new block when none is spare stop at the end of the current one. The drafts are not
 part of the sequence: ``num_computed_tokens`` advances over the committed token and the drafts the
 runner accepted only, so blocks are published (and SWA blocks leave the window) exactly as without
 speculation, and rows written for rejected drafts lie past the computed length, where the next
@@ -136,14 +139,30 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             drafts = self._propose(seq, budget)
-            n = self._grow_or_preempt(seq, min(seq.num_remaining, budget) + len(drafts))
+            n = self._grow_or_preempt(seq, min(seq.num_remaining, budget))
             if n:
-                if n > seq.num_remaining:  # the drafts that still fit (growth may stop at a block end)
-                    self._drafts[seq.seq_id] = drafts[: n - seq.num_remaining]
+                if drafts:
+                    drafts = self._drafts_that_fit(seq, n, drafts)
+                    if drafts:
+                        self._drafts[seq.seq_id] = drafts
+                        n += len(drafts)
                 work[seq.seq_id] = n
                 budget -= n
                 i += 1
         return budget
+
+    def _drafts_that_fit(self, seq: Sequence, n: int, drafts: tuple[int, ...]) -> tuple[int, ...]:
+        """The leading drafts the arena backs with pages it has spare, after the ``n`` committed
+        tokens were backed: drafts never preempt a request, evict a cached block or release a pin.
+        The block the committed token sits in is backed already, so at worst the drafts stop at its end."""
+        try:
+            self.bm.grow(seq, n + len(drafts), spare_only=True)
+            return drafts
+        except ArenaEmpty:
+            pass
+        in_block = self.block_size - (seq.num_computed_tokens + n) % self.block_size
+        in_block = 0 if in_block == self.block_size else in_block  # the committed token ended a block
+        return drafts[:in_block]
 
     def _propose(self, seq: Sequence, budget: int) -> tuple[int, ...]:
         """Drafts for a decoding request: at most K, leaving room for the correction / bonus token

@@ -2,7 +2,10 @@
 
 It is a real consumer of the scheduler's contract: it keeps the per-request page tables the way the
 model runner does (full tables when a request is admitted, then deltas, dropped on release) and
-returns a token that depends only on the request and the position, so runs are reproducible. With a
+returns a token that depends only on the request and the position, so runs are reproducible. It
+verifies speculative drafts the way greedy decoding does: a step's drafts are accepted while each
+equals the token the runner would have sampled at its position, so speculation never changes the
+tokens, only how many a step yields. With a
 :class:`KvContentModel` it also checks that every row a step reads holds what a cold run wrote.
 """
 
@@ -46,6 +49,19 @@ class FakeRunner:
             table[u.index:end] = u.pages
         if self.content is not None:
             self.content.step(batch, self.tables)
-        sampled = {s.seq_id: self.token_for(s.seq_id, s.start_pos + s.num_tokens)
-                   for s in batch.seqs if s.sample}
-        return RunnerOutput(sampled)
+        sampled, accepted = {}, {}
+        for s in batch.seqs:
+            if not s.sample:
+                continue
+            pos = s.start_pos + s.num_committed  # the position of the first token this step decides
+            n = 0
+            for draft in s.drafts:  # greedy verification: a draft stands while it is the runner's token
+                if draft != self.token_for(s.seq_id, pos):
+                    break
+                n, pos = n + 1, pos + 1
+            sampled[s.seq_id] = self.token_for(s.seq_id, pos)
+            if n:
+                accepted[s.seq_id] = n
+                if self.content is not None:
+                    self.content.accept(s, n)
+        return RunnerOutput(sampled, accepted=accepted)

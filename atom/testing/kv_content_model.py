@@ -8,6 +8,9 @@ the same key, and a stale or foreign row holds a different one. Each step, the m
   the compressor state it resumes from) holds the key a cold run of this request would have written;
 - then writes the step's rows (SWA rows, compressed rows, the ring state, CSA captures).
 
+A speculative step's draft rows are written with keys of the drafts, so a rejected draft's row that
+a later query read before it was overwritten would show as stale.
+
 Reads of unwritten memory show as ``None`` keys. This is what the paged engine's NaN-poisoned
 bit-exactness test proves with real numbers; here it runs in microseconds on any workload.
 
@@ -48,6 +51,7 @@ class KvContentModel:
         self.captures: dict[int, int] = {}  # SWA page -> key of the block's last position
         self.slots: dict[int, int | None] = {}  # state slot -> key of the last position it absorbed
         self.reads = 0
+        self._step_keys: dict[int, list[int]] = {}  # this step's keys per request (drafts included)
 
     @classmethod
     def for_spec(cls, spec: Dsv4KvSpec, tokens_of: Callable[[int], list[int]]) -> KvContentModel:
@@ -65,10 +69,22 @@ class KvContentModel:
         return out
 
     def step(self, batch: ScheduledBatch, tables: dict[int, dict[str, list[int]]]) -> None:
+        self._step_keys.clear()
         for item in batch.seqs:
-            keys = self.keys(item.seq_id, item.start_pos + item.num_tokens)
+            keys = self.keys(item.seq_id, item.start_pos)
+            k = keys[-1] if keys else 0
+            for t in item.token_ids:  # the step's own tokens, drafts included (rows of the drafts hold them)
+                k = _chain(k, t)
+                keys.append(k)
             self._check_reads(item, keys, tables[item.seq_id])
             self._write(item, keys, tables[item.seq_id])
+            self._step_keys[item.seq_id] = keys
+
+    def accept(self, item: ScheduledSeq, accepted: int) -> None:
+        """``accepted`` of the step's drafts were accepted: the compressor state advances over them
+        (it advanced over the committed rows in :meth:`step`)."""
+        if accepted:
+            self.slots[item.state_slot] = self._step_keys[item.seq_id][item.start_pos + item.num_committed - 1 + accepted]
 
     # ---- reads --------------------------------------------------------------------------------
     def _expect(self, what: str, got: int | None, want: int, item: ScheduledSeq) -> None:
@@ -109,7 +125,7 @@ class KvContentModel:
                 if comp < 0:
                     raise KvContentError(f"seq {item.seq_id}: position {q} completes a compressed block without a page")
                 self.comp_rows[comp] = keys[q]
-        self.slots[item.state_slot] = keys[-1]
+        self.slots[item.state_slot] = keys[item.start_pos + item.num_committed - 1]  # drafts: see accept
         end = item.start_pos + item.num_tokens
         for j in range(item.start_pos // b, end // b):  # blocks whose last position ran: the runner
             page = _entry(table[SWA], j)  # captures their CSA boundary state into its SWA table's page
