@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from atom import envs
 from atom.config import (DTYPES, EXECUTOR_BACKENDS, KV_CACHE_DTYPES, MAX_SPECULATIVE_TOKENS, QUANT_SIM, CacheConfig,
                          EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig)
-from atom.entrypoints.limits import ServerLimits
+from atom.entrypoints.limits import PROMPT_CHARS_PER_TOKEN, ServerLimits
 
 __all__ = ["parse_bytes", "add_serve_arguments", "engine_config_from_args", "ServerArgs", "server_args_from",
            "limits_from_args"]
@@ -148,12 +148,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 #: (flag, ServerLimits field, parser, help) of the request and connection limits.
 _LIMIT_FLAGS = (
     ("--max-body-bytes", "max_body_bytes", _size_arg, "largest request body (413 beyond)"),
-    ("--max-prompt-chars", "max_prompt_chars", _positive_int, "characters of a request's text prompts or chat "
-                                                              "messages, checked before tokenizing"),
+    ("--max-prompt-chars", "max_prompt_chars", _positive_int, "characters of a request's text prompts, or of "
+                                                              "every string of a chat's messages and tools, "
+                                                              "checked before templating or tokenizing"),
     ("--max-prompts", "max_prompts", _positive_int, "prompts in one completions request"),
     ("--max-messages", "max_messages", _positive_int, "messages in one chat request"),
     ("--max-stop-strings", "max_stop_strings", _positive_int, "stop strings per request"),
     ("--max-stop-chars", "max_stop_chars", _positive_int, "characters of one stop string"),
+    ("--max-logit-bias", "max_logit_bias", _positive_int, "entries of logit_bias"),
     ("--max-n", "max_n", _positive_int, "n and best_of"),
     ("--max-choices", "max_choices", _positive_int, "sequences one request may start (prompts x n)"),
     ("--max-connections", "max_connections", _positive_int, "open connections; one beyond gets 503 and is closed"),
@@ -169,8 +171,9 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     d = ServerLimits()
     group = parser.add_argument_group("request and connection limits")
     for flag, field, parse, doc in _LIMIT_FLAGS:
+        default = "%(default)s" if getattr(d, field) is not None else f"{PROMPT_CHARS_PER_TOKEN} x --max-model-len"
         group.add_argument(flag, type=parse, default=getattr(d, field), dest=field,
-                           help=f"{doc} (default: %(default)s)")
+                           help=f"{doc} (default: {default})")
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
@@ -226,4 +229,4 @@ def server_args_from(args: argparse.Namespace) -> ServerArgs:
     """Network settings from the flags; the key falls back to ``ATOM_API_KEY`` (read via ``atom.envs``)."""
     api_key = args.api_key if args.api_key is not None else (envs.load().api_key or None)
     return ServerArgs(host=args.host, port=args.port, api_key=api_key, log_level=args.log_level,
-                      limits=limits_from_args(args))
+                      limits=limits_from_args(args).for_model(args.max_model_len))

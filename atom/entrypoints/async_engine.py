@@ -5,7 +5,7 @@ touches it. Everything else talks to that thread through a command queue::
 
     event loop (routes)                            engine thread
     -------------------                            -------------
-    group.add() --("add", rid, ids, params)-->     add_request()  --accepted / ValueError--> future
+    group.add_all() --("add", [(rid, ids, params)...])--> add_request() each --accepted / ValueError--> future
     group.outputs() <--outputs, call_soon_threadsafe--  step() while work exists
     abort()     --("abort", rid)-------------->    abort_request()
     call(fn)    --("call", fn)---------------->    fn(engine)     --result / exception--> future
@@ -17,7 +17,10 @@ flight with an internal error, aborts them in the engine and marks the server un
 (``/health`` answers 503) -- it never silently continues with a corrupt arena.
 
 A :class:`RequestGroup` gathers the requests of one HTTP call (``n`` choices, several prompts)
-behind one output queue. Contract of :meth:`AsyncEngine.generate` (a group of one): it raises ``ValueError`` (before yielding anything) when
+behind one output queue. It is admitted by ONE command (so a request of 256 prompts enters the
+engine between two steps, not one per step) and aborted as one: the requests it added, waiting or
+running, all go. On shutdown, :meth:`AsyncEngine.close_groups` ends every open group with a
+:class:`ServerStoppingError`, so a stream can say why it ends instead of being cut. Contract of :meth:`AsyncEngine.generate` (a group of one): it raises ``ValueError`` (before yielding anything) when
 the engine rejects the request, then yields each :class:`RequestOutput` of that request in order;
 the last has ``finished=True``. Leaving the iterator early (client gone, task cancelled) aborts the
 request, so its KV memory goes back to the arena.
@@ -31,6 +34,7 @@ import concurrent.futures
 import logging
 import threading
 import traceback
+import weakref
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from atom.sampling_params import SamplingParams
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
     from atom.model_engine.llm_engine import LLMEngine
     from atom.model_engine.request_output import RequestOutput
 
-__all__ = ["AsyncEngine", "RequestGroup", "EngineDeadError"]
+__all__ = ["AsyncEngine", "RequestGroup", "EngineDeadError", "ServerStoppingError"]
 
 log = logging.getLogger("atom.server")
 
@@ -48,13 +52,21 @@ class EngineDeadError(RuntimeError):
     """The engine thread failed; requests in flight get this and the server reports unhealthy."""
 
 
+class ServerStoppingError(RuntimeError):
+    """The server is shutting down and its grace period for requests in flight is over."""
+
+
+_CLOSED = object()  # queued by RequestGroup.abort: ends an outputs() iteration that is waiting
+
+
 class RequestGroup:
     """The requests of one HTTP call (its ``n`` choices, its prompts): one queue, one abort.
 
-    Created by :meth:`AsyncEngine.group` on the event loop. :meth:`add` each request (raises
-    ``ValueError`` if the engine rejects it), then iterate :meth:`outputs`: it yields every
-    output of every added request, in engine order, until all have finished. Leaving the
-    iteration early, or calling :meth:`abort`, aborts whatever has not finished.
+    Created by :meth:`AsyncEngine.group` on the event loop. :meth:`add_all` its requests (one
+    engine command; raises ``ValueError`` if the engine rejects one, and then none of them stays),
+    then iterate :meth:`outputs`: it yields every output of every added request, in engine order,
+    until all have finished. Leaving the iteration early, or calling :meth:`abort`, aborts whatever
+    has not finished and ends an iteration that is waiting.
     """
 
     def __init__(self, engine: "AsyncEngine", loop: asyncio.AbstractEventLoop) -> None:
@@ -71,24 +83,34 @@ class RequestGroup:
             pass
 
     async def add(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> None:
+        """Add one request (see :meth:`add_all`)."""
+        await self.add_all([(request_id, prompt_ids, params)])
+
+    async def add_all(self, requests: list[tuple[str, list[int], SamplingParams]]) -> None:
+        """Add ``(request_id, prompt_ids, params)`` requests in one engine command. If the engine
+        rejects one, none of them stays and its ``ValueError`` is raised; if the caller is
+        cancelled meanwhile, all of them are aborted."""
         if self._engine.dead_reason is not None:
             raise EngineDeadError(self._engine.dead_reason)
         accepted: asyncio.Future[None] = self._loop.create_future()
-        self.unfinished.add(request_id)
-        self._engine._send("add", request_id, prompt_ids, params, self, accepted)
+        rids = [rid for rid, _, _ in requests]
+        self.unfinished.update(rids)
+        self._engine._send("add", requests, self, accepted)
         try:
-            await accepted  # raises ValueError if the engine rejects the request
+            await accepted  # raises ValueError if the engine rejects a request
         except asyncio.CancelledError:
-            self._engine.abort(request_id)
+            self.abort()
             raise
         except BaseException:
-            self.unfinished.discard(request_id)
+            self.unfinished.difference_update(rids)
             raise
 
     async def outputs(self) -> AsyncIterator["RequestOutput"]:
         try:
             while self.unfinished:
                 item = await self._queue.get()
+                if item is _CLOSED:
+                    break
                 if isinstance(item, BaseException):
                     raise item
                 if item.finished:
@@ -98,10 +120,18 @@ class RequestGroup:
             self.abort()
 
     def abort(self) -> None:
-        """Abort every request of the group that has not finished (no-op when none)."""
-        for rid in self.unfinished:
-            self._engine.abort(rid)
-        self.unfinished.clear()
+        """Abort every request of the group that has not finished (no-op when none), in one engine
+        command; an :meth:`outputs` iteration waiting for more ends. Event loop only."""
+        if self.unfinished:
+            self._engine._send("abort", tuple(self.unfinished))
+            self.unfinished.clear()
+            self._queue.put_nowait(_CLOSED)
+
+    def fail(self, exc: BaseException) -> None:
+        """End the group with ``exc``: :meth:`outputs` raises it; the unfinished requests are aborted."""
+        if self.unfinished:
+            self._queue.put_nowait(exc)
+            self.abort()
 
 
 class AsyncEngine:
@@ -117,6 +147,7 @@ class AsyncEngine:
         self._wake = threading.Condition()
         self._streams: dict[str, RequestGroup] = {}  # engine thread only
         self._thread: threading.Thread | None = None
+        self._groups: "weakref.WeakSet[RequestGroup]" = weakref.WeakSet()  # event loop only
         self._stopping = False
         self.dead_reason: str | None = None
 
@@ -146,7 +177,17 @@ class AsyncEngine:
 
     def group(self) -> RequestGroup:
         """A new :class:`RequestGroup` bound to the running event loop."""
-        return RequestGroup(self, asyncio.get_running_loop())
+        group = RequestGroup(self, asyncio.get_running_loop())
+        self._groups.add(group)
+        return group
+
+    def close_groups(self, reason: str) -> int:
+        """End every open group with :class:`ServerStoppingError` (``reason``) and abort its requests;
+        returns how many were open. Event loop only (the shutdown deadline calls it)."""
+        open_groups = [g for g in list(self._groups) if g.unfinished]
+        for g in open_groups:
+            g.fail(ServerStoppingError(reason))
+        return len(open_groups)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator["RequestOutput"]:
@@ -158,7 +199,7 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op if it already finished). Thread-safe."""
-        self._send("abort", request_id)
+        self._send("abort", (request_id,))
 
     async def call(self, fn: Callable[["LLMEngine"], Any]) -> Any:
         """Run ``fn(engine)`` on the engine thread between steps and return its result."""
@@ -204,19 +245,26 @@ class AsyncEngine:
     def _apply(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
         if kind == "add":
-            _, rid, ids, params, group, accepted = cmd
+            _, requests, group, accepted = cmd
+            added: list[str] = []
             try:
                 if self.dead_reason is not None:
                     raise EngineDeadError(self.dead_reason)
-                self.engine.add_request(ids, params, request_id=rid)
+                for rid, ids, params in requests:
+                    self.engine.add_request(ids, params, request_id=rid)
+                    added.append(rid)
             except Exception as exc:  # ValueError: bad request; anything else: reported as is
+                for rid in added:  # all or none: the group is one request to its client
+                    self._guarded(lambda: self.engine.abort_request(rid), f"abort of {rid}")
                 _resolve(accepted, exc)
                 return
-            self._streams[rid] = group
+            for rid in added:
+                self._streams[rid] = group
             _resolve(accepted, None)
         elif kind == "abort":
-            if self._streams.pop(cmd[1], None) is not None:
-                self._guarded(lambda: self.engine.abort_request(cmd[1]), f"abort of {cmd[1]}")
+            for rid in cmd[1]:
+                if self._streams.pop(rid, None) is not None:
+                    self._guarded(lambda: self.engine.abort_request(rid), f"abort of {rid}")
         elif kind == "call":
             _, fn, fut = cmd
             try:
@@ -262,7 +310,7 @@ class AsyncEngine:
             pending, self._commands = list(self._commands), collections.deque()
         for cmd in pending:
             if cmd[0] == "add":
-                _resolve(cmd[5], EngineDeadError(reason))
+                _resolve(cmd[3], EngineDeadError(reason))
             elif cmd[0] == "call":
                 cmd[2].set_exception(EngineDeadError(reason))
 

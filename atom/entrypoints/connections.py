@@ -7,8 +7,12 @@ connections (a slowloris, or clients that connect and never speak) hold file des
 
 * closes a connection that has not sent complete request headers within ``header_timeout`` seconds
   of connecting or of its previous response (so dribbling one byte at a time does not help);
-* answers ``503`` (OpenAI-style JSON) and closes at once when more than ``max_connections`` are open,
-  before reading anything, so a flood costs one short write per connection;
+* answers ``503`` (OpenAI-style JSON) and closes when more than ``max_connections`` are open, so a
+  flood costs one short write per connection -- except ``GET /health``: a liveness probe must not
+  fail because clients fill the cap. A connection over the cap gets ``HEALTH_PROBE_WINDOW_S``
+  seconds to send the start of its request line; if that is ``GET /health`` it is served, anything
+  else (or nothing) gets the 503. At most ``HEALTH_PROBE_SLOTS`` connections wait so at once;
+  beyond them the 503 is immediate;
 * reports each refusal through ``on_reject(status)`` (the server counts it in ``/metrics``).
 
 :class:`RateLimitedLoopErrors` is the event loop's exception handler: when the process runs out of
@@ -27,7 +31,11 @@ from typing import Any, Callable
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["guarded_protocol", "RateLimitedLoopErrors"]
+__all__ = ["guarded_protocol", "RateLimitedLoopErrors", "HEALTH_PROBE_WINDOW_S", "HEALTH_PROBE_SLOTS"]
+
+HEALTH_PROBE_WINDOW_S = 0.2  #: seconds a connection over the cap has to show it is ``GET /health``
+HEALTH_PROBE_SLOTS = 64  #: connections over the cap that may be waiting to show it at once
+_HEALTH = b"GET /health"
 
 log = logging.getLogger("atom.server")
 
@@ -48,17 +56,52 @@ def guarded_protocol(max_connections: int, header_timeout: float,
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _probe: bytes | None = None  # over the cap: the bytes seen so far, until they show GET /health
+        _probe_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                transport.write(refusal)
-                transport.close()
-                on_reject(503)
+            over = len(self.connections) - max_connections
+            if over > HEALTH_PROBE_SLOTS:
+                self._refuse()
+            elif over > 0:
+                self._probe = b""
+                self._probe_timer = self.loop.call_later(HEALTH_PROBE_WINDOW_S, self._refuse)
+            else:
+                self._arm_header_timer()
+
+        def data_received(self, data: bytes) -> None:
+            if self._probe is None:
+                return super().data_received(data)
+            seen = self._probe + data
+            if len(seen) <= len(_HEALTH):
+                if _HEALTH.startswith(seen):
+                    self._probe = seen  # so far so good: wait for more
+                else:
+                    self._refuse()
                 return
+            if not (seen.startswith(_HEALTH) and seen[len(_HEALTH):len(_HEALTH) + 1] in (b" ", b"?")):
+                self._refuse()
+                return
+            self._end_probe()
             self._arm_header_timer()
+            super().data_received(seen)
+
+        def _refuse(self) -> None:
+            self._end_probe()
+            if not self.transport.is_closing():
+                self.transport.write(refusal)
+                self.transport.close()
+                on_reject(503)
+
+        def _end_probe(self) -> None:
+            self._probe = None
+            if self._probe_timer is not None:
+                self._probe_timer.cancel()
+                self._probe_timer = None
 
         def connection_lost(self, exc: Exception | None) -> None:
+            self._end_probe()
             self._disarm_header_timer()
             super().connection_lost(exc)
 

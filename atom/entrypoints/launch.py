@@ -3,9 +3,13 @@
 Kept apart from the routes (``openai_server.py``) because it is the process-level concern: it
 owns uvicorn, signals and the console. :class:`Server` is also what the tests run in a thread.
 
+The port is bound before the model loads, so a busy port is reported at once (exit status 2)
+instead of after a long load.
+
 Stopping: SIGTERM or Ctrl-C stops accepting, lets requests in flight finish for up to
-``shutdown_timeout`` seconds (then cuts them), stops the engine, prints ``atom: server stopped``
-and exits 0. (uvicorn re-raises the signal it caught once it is done; the handler installed here
+``shutdown_timeout`` seconds, then ends each one with an error (a stream gets an ``error`` event and
+``data: [DONE]``, a plain request a 503), stops the engine, prints ``atom: server stopped`` and
+exits 0. (uvicorn re-raises the signal it caught once it is done; the handler installed here
 for that moment turns it into a normal return instead of a kill by signal.)
 """
 
@@ -29,7 +33,11 @@ from atom.entrypoints.metrics import ServerMetrics
 from atom.entrypoints.openai_server import build_app
 from atom.parallel.launch import close_runner, join_launched_ranks, serve_launched_rank
 
-__all__ = ["Server", "load_engine", "serve_from_args"]
+__all__ = ["Server", "load_engine", "serve_from_args", "bind_socket"]
+
+#: Seconds after the shutdown deadline that requests, once told to end, get to send their last bytes
+#: before uvicorn cancels what is left.
+_CUT_GRACE_S = 2.0
 
 
 def load_engine(config: EngineConfig, rank_group: Any = None) -> AsyncEngine:
@@ -55,7 +63,7 @@ class Server(uvicorn.Server):
         protocol = guarded_protocol(lim.max_connections, lim.header_timeout, on_reject)
         super().__init__(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, http=protocol,
                                         timeout_keep_alive=lim.keep_alive_timeout,
-                                        timeout_graceful_shutdown=lim.shutdown_timeout,
+                                        timeout_graceful_shutdown=lim.shutdown_timeout + _CUT_GRACE_S,
                                         access_log=args.log_level == "debug"))
         self.args = args
         self.announce = announce
@@ -78,6 +86,19 @@ class Server(uvicorn.Server):
                   f"metrics {self.url}/metrics)", flush=True)
         self.ready.set()
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's graceful shutdown, plus the deadline: after ``shutdown_timeout`` seconds every
+        request still in flight is ended by the app (``close_requests``) with an error it can send."""
+        close = getattr(self.config.app, "close_requests", None)
+        timer = None
+        if close is not None:
+            timer = asyncio.get_running_loop().call_later(self.args.limits.shutdown_timeout, close)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
     def run_in_thread(self, timeout: float = 60.0) -> threading.Thread:
         """Start serving in a daemon thread and wait until it listens (raises if it does not)."""
         thread = threading.Thread(target=self.run, name="atom-http", daemon=True)
@@ -92,6 +113,25 @@ class Server(uvicorn.Server):
         thread.join(timeout)
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket bound to ``host:port`` (``SO_REUSEADDR``, as uvicorn binds).
+    Raises ``OSError`` naming the address when it is taken or cannot be bound."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError as exc:
+        raise OSError(f"cannot resolve --host {host!r}: {exc}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server using the port? "
+                      f"pick another with --port, or --port 0 for any free one)") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Everything ``atom serve`` does after parsing. Bad settings exit with status 2 and the reason."""
     try:
@@ -99,14 +139,19 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         net = server_args_from(args)
     except ValueError as exc:
         parser.error(str(exc))
-    print(f"atom: loading {config.model.path or 'the built-in tiny DeepSeek-V4 model'} ...", file=sys.stderr, flush=True)
+    sock = None
     try:
         group = join_launched_ranks(config)
         if group is not None and group.rank > 0:  # a torchrun rank other than 0: run steps, serve nothing
             serve_launched_rank(config, group)
             return 0
+        sock = bind_socket(net.host, net.port)  # before the (long) load: a busy port fails at once
+        print(f"atom: loading {config.model.path or 'the built-in tiny DeepSeek-V4 model'} ...", file=sys.stderr,
+              flush=True)
         engine = load_engine(config, group)
     except (ValueError, OSError) as exc:
+        if sock is not None:
+            sock.close()
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 2
     from atom.engine_builder import describe_kv
@@ -116,7 +161,7 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     server = Server(build_app(engine, api_key=net.api_key, limits=net.limits, metrics=metrics), net, metrics=metrics)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # see the module docstring
     try:
-        server.run()
+        server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: that is a clean stop
         pass
     finally:

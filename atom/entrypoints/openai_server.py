@@ -81,6 +81,7 @@ class _Guard:
 
     def __init__(self, app: ASGIApp, api_key: str | None, limits: ServerLimits, metrics: ServerMetrics) -> None:
         self.app = app
+        self.close_requests: Callable[[], int] = lambda: 0  # ends every request in flight (shutdown deadline)
         self.api_key = api_key
         self.limits = limits
         self.metrics = metrics
@@ -149,16 +150,39 @@ def _replay(body: bytes, receive: Callable[[], Awaitable[dict]]) -> Callable[[],
     return replayed
 
 
+#: Longest error message sent: a message never echoes unbounded input back (a 4 MB model name, say).
+MAX_ERROR_CHARS = 1000
+
+
+def _bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + "... (cut)"
+
+
 def _error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                     type: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type or _STATUS_TYPE.get(status, "invalid_request_error"), param, code),
-                        status_code=status)
+    body = error_body(_bounded(message), type or _STATUS_TYPE.get(status, "invalid_request_error"),
+                      None if param is None else _bounded(param, 200), code)
+    return JSONResponse(body, status_code=status)
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request was answered."""
+
+
+async def _unless_gone(gone: "asyncio.Future[None]", work: Awaitable[Any]) -> Any:
+    """``await work``, unless the client leaves first: then ``work`` is cancelled and _ClientGone raised."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise _ClientGone
 
 
 def build_app(engine: AsyncEngine, *, api_key: str | None = None, limits: ServerLimits | None = None,
               metrics: ServerMetrics | None = None) -> Any:
     """The ASGI app. Its lifespan starts the engine thread and stops it on shutdown."""
-    limits = limits or ServerLimits()
+    limits = (limits or ServerLimits()).for_model(engine.max_model_len)
     metrics = metrics or ServerMetrics()
     serving = OpenAIServing(engine, metrics, limits)
     parse_pool = concurrent.futures.ThreadPoolExecutor(limits.parse_threads, thread_name_prefix="atom-parse")
@@ -195,26 +219,52 @@ def build_app(engine: AsyncEngine, *, api_key: str | None = None, limits: Server
         return prep_fn(parse_body(raw, body_model, limits, engine.max_model_len))  # on a parse thread
 
     async def respond(request: Request, prep_fn: Callable[[Any], Any], body_model: type[BaseModel]) -> Response:
-        arrival = time.perf_counter()
-        raw = await request.body()
-        prep = await asyncio.get_running_loop().run_in_executor(parse_pool, parse_and_prepare, raw, prep_fn,
-                                                                 body_model)
-        group, index, states = await serving.start(prep)
-        if prep.stream:
-            return StreamingResponse(serving.run_stream(prep, group, index, states, arrival),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                                     background=BackgroundTask(group.abort))
-        work = asyncio.ensure_future(serving.run_full(prep, group, index, states, arrival))
-        gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+        """Serve one request: whatever it sends, the answer is a response (4xx for bad input, a JSON 500
+        for a bug), never an exception past this handler (which would drop the connection)."""
         try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not work.done():  # the client left: free its KV now instead of finishing the work
-            work.cancel()
+            return await _respond(request, prep_fn, body_model)
+        except ApiError:
+            raise  # a 4xx / 503 the app's handler renders
+        except RecursionError:  # input nested too deeply for some step of preparing it
+            raise ApiError(400, "the request is nested too deeply to process (e.g. tool-call arguments); "
+                                "send JSON values nested at most a few hundred levels", code="invalid_request")
+        except Exception as exc:  # a bug: answer 500 as JSON and keep the connection, not a dropped socket
+            metrics.errors.labels("500").inc()
+            print(f"atom: internal error while serving a request: {exc!r}", file=sys.stderr)
+            return _error_response(500, f"internal error: {type(exc).__name__}", code="internal_error")
+
+    async def _respond(request: Request, prep_fn: Callable[[Any], Any], body_model: type[BaseModel]) -> Response:
+        """The request lives as long as its client: a disconnect watcher runs from the moment the body
+        is in (the guard read it, answering a disconnect while reading), through parsing, admission
+        (one engine command for all of its sequences) and generation; when the client leaves, every
+        sequence the request added is aborted, waiting or running."""
+        arrival = time.perf_counter()
+        raw = await request.body()  # already read by the guard: replayed at once
+        gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+        group = engine.group()
+        try:
+            prep = await _unless_gone(gone, asyncio.get_running_loop().run_in_executor(
+                parse_pool, parse_and_prepare, raw, prep_fn, body_model))
+            _, index, states = await _unless_gone(gone, serving.start(prep, group))
+            if prep.stream:
+                gone.add_done_callback(lambda t: t.cancelled() or group.abort())
+                return StreamingResponse(serving.run_stream(prep, group, index, states, arrival),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                                         background=BackgroundTask(_end_stream, gone, group))
+            body = await _unless_gone(gone, serving.run_full(prep, group, index, states, arrival))
+        except _ClientGone:  # free its KV now instead of finishing the work
             group.abort()
             return Response(status_code=499)
-        return JSONResponse(work.result())
+        except BaseException:
+            gone.cancel()
+            group.abort()
+            raise
+        gone.cancel()
+        return JSONResponse(body)
+
+    async def _end_stream(gone: "asyncio.Future[None]", group: Any) -> None:
+        gone.cancel()
+        group.abort()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -242,7 +292,10 @@ def build_app(engine: AsyncEngine, *, api_key: str | None = None, limits: Server
         stats = await engine.call(lambda e: e.stats()) if engine.healthy else None
         return Response(metrics.render(stats, engine.healthy), media_type=CONTENT_TYPE_LATEST)
 
-    return _Guard(app, api_key, limits, metrics)
+    guard = _Guard(app, api_key, limits, metrics)
+    guard.close_requests = lambda: engine.close_groups(  # the shutdown deadline (launch.Server) calls it
+        "the server is shutting down and the time it gives requests in flight (--shutdown-timeout) is over")
+    return guard
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,14 @@
 """Request body -> validated pydantic model, or an :class:`ApiError` (4xx) saying what is wrong.
 
 Runs in the server's parse thread pool (never on the event loop). The order is cheapest-first so a
-hostile body costs little: JSON decoding (bounded by ``max_body_bytes``), list-length limits on the
-raw JSON (prompts, messages, stop strings, ``n``, ``best_of``), a scan for lone surrogates (text
-that is not Unicode and could not even be echoed in an error message), then strict validation.
+hostile body costs little: JSON decoding (bounded by ``max_body_bytes``); on the raw JSON, every
+count limit before any per-entry work (prompts, messages, stop strings, ``logit_bias`` entries,
+``n``, ``best_of``), then the per-entry checks those counts bound (stop string lengths, ``logit_bias``
+keys), then the characters of everything that reaches the prompt (:func:`prompt_chars_raw`: text
+prompts, and every string of ``messages`` and ``tools``, keys included -- so no field can smuggle
+megabytes into templating or tokenization, however the chat format maps it); a scan for lone
+surrogates (text that is not Unicode and could not even be echoed in an error message); then strict
+validation. All of it is linear in the body's size.
 Every failure of the JSON layer is a 400 ``invalid_json``: malformed syntax, a body that is not
 UTF-8/16/32, an integer over Python's digit limit, nesting too deep.
 """
@@ -18,7 +23,10 @@ from pydantic import BaseModel, ValidationError
 from atom.entrypoints.limits import ServerLimits
 from atom.entrypoints.protocol import ApiError
 
-__all__ = ["parse_body", "check_unicode"]
+__all__ = ["parse_body", "check_unicode", "prompt_chars_raw", "MAX_TOKEN_ID_DIGITS"]
+
+#: ``logit_bias`` keys are token ids in ASCII decimal; no vocabulary needs more digits than this.
+MAX_TOKEN_ID_DIGITS = 10
 
 
 def parse_body(raw: bytes, model: type[BaseModel], limits: ServerLimits, max_model_len: int | None = None) -> Any:
@@ -28,6 +36,7 @@ def parse_body(raw: bytes, model: type[BaseModel], limits: ServerLimits, max_mod
     list of a million integers holds the interpreter lock long enough to delay other clients)."""
     data = _decode(raw)
     _check_sizes(data, limits)
+    _check_prompt_chars(data, "chat" if "messages" in model.model_fields else "completion", limits)
     if max_model_len is not None:
         _check_token_ids(data.get("prompt"), max_model_len)
     check_unicode(data)
@@ -55,11 +64,15 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 def _check_sizes(data: dict[str, Any], lim: ServerLimits) -> None:
-    """O(1) checks on the raw JSON, before any per-item work."""
+    """Count limits on the raw JSON (O(1) each), then the per-entry checks they bound."""
     _at_most(data.get("prompt"), lim.max_prompts, "prompt", "prompts", nested=True)
     _at_most(data.get("messages"), lim.max_messages, "messages", "messages")
     stop = data.get("stop")
     _at_most(stop, lim.max_stop_strings, "stop", "stop strings")
+    bias = data.get("logit_bias")
+    if isinstance(bias, dict) and len(bias) > lim.max_logit_bias:
+        raise ApiError(400, f"logit_bias has {len(bias)} entries, over the limit of {lim.max_logit_bias} per request",
+                       param="logit_bias")
     for s in [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []:
         if isinstance(s, str) and len(s) > lim.max_stop_chars:
             raise ApiError(400, f"a stop string of {len(s)} characters is over the limit of {lim.max_stop_chars}",
@@ -68,6 +81,50 @@ def _check_sizes(data: dict[str, Any], lim: ServerLimits) -> None:
         value = data.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= lim.max_n:
             raise ApiError(400, f"{name}={value} must be between 1 and {lim.max_n}", param=name)
+    if isinstance(bias, dict):
+        for key in bias:
+            _check_token_id_key(key)
+
+
+def _check_token_id_key(key: str) -> None:
+    """A ``logit_bias`` key is a token id in ASCII decimal digits (``str.isdigit`` also takes "³", "①"
+    and "٣", which are no token ids), short enough that ``int()`` is cheap."""
+    if not (0 < len(key) <= MAX_TOKEN_ID_DIGITS and key.isascii() and key.isdigit()):
+        raise ApiError(400, f"logit_bias key {_short(key, 40)!r} is not a token id: keys are token ids in ASCII "
+                            f"decimal digits (at most {MAX_TOKEN_ID_DIGITS})", param="logit_bias")
+
+
+#: The fields of a raw body whose strings can reach the prompt, per endpoint.
+PROMPT_FIELDS = {"chat": ("messages", "tools"), "completion": ("prompt",)}
+
+
+def prompt_chars_raw(data: dict[str, Any], fields: tuple[str, ...], stop_after: int) -> int:
+    """Characters of every string under ``fields`` of the raw body (values and keys, at any depth):
+    for a chat all of ``messages`` and ``tools``, for a completion the text of ``prompt``. Counting
+    stops once the total is over ``stop_after`` (the caller only needs to know that it is)."""
+    total = 0
+    stack = [data.get(k) for k in fields]
+    while stack and total <= stop_after:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(k) for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+def _check_prompt_chars(data: dict[str, Any], kind: str, lim: ServerLimits) -> None:
+    """Before validation, templating or tokenization: what reaches the prompt fits ``max_prompt_chars``."""
+    limit = lim.max_prompt_chars
+    assert limit is not None, "ServerLimits.for_model() resolves max_prompt_chars before serving"
+    if prompt_chars_raw(data, PROMPT_FIELDS[kind], limit) > limit:
+        what = "the messages and tools (every string in them, keys included) have" if kind == "chat" else \
+            "the prompt has"
+        raise ApiError(400, f"{what} more than {limit} characters, the limit of this server (--max-prompt-chars)",
+                       param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
 
 
 def _check_token_ids(prompt: Any, max_model_len: int) -> None:

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
-from atom.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestGroup
+from atom.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestGroup, ServerStoppingError
 from atom.entrypoints.metrics import ServerMetrics
 from atom.entrypoints.chat_output import ChatOutputParser
 from atom.entrypoints.chat_prompt import ChatFormat, prompt_chars, render_chat_prompt
@@ -102,7 +102,8 @@ class OpenAIServing:
     # ---- validation into Prepared -------------------------------------------------------------
     def check_model(self, name: str) -> None:
         if name != self.engine.model_name:
-            raise ApiError(404, f"The model `{name}` does not exist; this server serves "
+            shown = name if len(name) <= 200 else name[:200] + "..."
+            raise ApiError(404, f"The model `{shown}` does not exist; this server serves "
                                 f"`{self.engine.model_name}`.", param="model", code="model_not_found")
 
     def prepare_completion(self, req: CompletionRequest) -> Prepared:
@@ -197,15 +198,21 @@ class OpenAIServing:
         vocab = self.tokenizer.vocab_size
         bias = []
         for key, value in (req.logit_bias or {}).items():
-            if not key.isdigit() or not int(key) < vocab:
+            if not (key.isascii() and key.isdigit() and len(key) <= 10) or not int(key) < vocab:
                 raise ApiError(400, f"logit_bias key {key[:40]!r} is not a token id in [0, {vocab})",
                                param="logit_bias")
             bias.append((int(key), value))
         bad = [t for t in req.stop_token_ids or [] if not 0 <= t < vocab]
         if bad:
             raise ApiError(400, f"stop_token_ids: {bad[0]} is not a token id in [0, {vocab})", param="stop_token_ids")
-        if getattr(req, "top_logprobs", None) is not None and not getattr(req, "logprobs", False):
+        top = getattr(req, "top_logprobs", None)
+        if top is not None and not getattr(req, "logprobs", False):
             raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        if top is not None:  # the chat's count of alternatives: name it, not the engine's ``logprobs``
+            try:
+                SamplingParams(logprobs=top)
+            except ValueError as exc:
+                raise ApiError(400, f"top_logprobs={top} is out of range: {exc}", param="top_logprobs") from None
         edits: dict[str, Any] = dict(logit_bias=tuple(bias), stop_token_ids=tuple(req.stop_token_ids or ()),
                                      min_tokens=req.min_tokens, logprobs=req.num_logprobs())
         for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
@@ -250,20 +257,19 @@ class OpenAIServing:
                            param=max_param, code="context_length_exceeded")
 
     # ---- running ------------------------------------------------------------------------------
-    async def start(self, prep: Prepared) -> tuple[RequestGroup, dict[str, int], list[_ChoiceState]]:
-        """Submit every choice; on any rejection abort the ones already in and raise ApiError."""
-        group = self.engine.group()
-        index: dict[str, int] = {}
+    async def start(self, prep: Prepared,
+                    group: RequestGroup | None = None) -> tuple[RequestGroup, dict[str, int], list[_ChoiceState]]:
+        """Submit every choice in one engine command (so all of them are in, waiting or running, and
+        one abort of ``group`` removes them all); on a rejection none stays and ApiError is raised."""
+        group = group or self.engine.group()
         n = len(prep.params)
         fmt = prep.chat_format
         states = [_ChoiceState(prompt_index=i // n,
                                parser=None if fmt is None else ChatOutputParser(fmt.thinking))
                   for i in range(len(prep.prompts) * n)]
+        index = {f"{prep.request_id}-{i}": i for i in range(len(states))}
         try:
-            for i in range(len(states)):
-                rid = f"{prep.request_id}-{i}"
-                index[rid] = i
-                await group.add(prep.prompts[i // n], prep.params[i % n], rid)
+            await group.add_all([(rid, prep.prompts[i // n], prep.params[i % n]) for rid, i in index.items()])
         except ValueError as exc:
             group.abort()
             raise ApiError(400, str(exc), param="prompt" if prep.kind == "completion" else "messages") from None
@@ -301,6 +307,8 @@ class OpenAIServing:
         try:
             async for out in group.outputs():
                 self._update(states[index[out.request_id]], out, time.perf_counter(), arrival)
+        except ServerStoppingError as exc:
+            raise ApiError(503, f"{exc}", type="server_error", code="server_shutting_down") from None
         except EngineDeadError as exc:
             raise ApiError(500, f"engine failed: {exc}", type="server_error", code="engine_dead") from None
         failed = [s.error for s in states if s.error]
@@ -338,6 +346,8 @@ class OpenAIServing:
             else:
                 if prep.include_usage:
                     yield _sse(chunk([], usage=self._usage(prep, states)))
+        except ServerStoppingError as exc:
+            yield _sse(error_body(f"{exc}", "server_error", None, "server_shutting_down"))
         except EngineDeadError as exc:
             yield _sse(error_body(f"engine failed: {exc}", "server_error", None, "engine_dead"))
         finally:
