@@ -23,7 +23,7 @@ class SamplingParams:
     (``atom/model_executor/logits_processors.py``). ``logprobs``: None = none, k >= 0 = the sampled
     token's log-probability and the k most likely alternatives. ``include_stop_str_in_output``: the
     text ends after the stop string that matched instead of before it, and keeps the text of the stop
-    token id or end-of-sequence token that ended it. ``skip_special_tokens``: leave
+    token id that ended it (never the end-of-sequence token's). ``skip_special_tokens``: leave
     special tokens out of the text (chat markers that the answer parser reads need them in).
     """
 

@@ -172,14 +172,16 @@ class LLMEngine:
         return result
 
     def _is_stop_token(self, seq: Sequence, token: int | None) -> bool:
-        """The token that ended the request (end-of-sequence or a stop token id) is not part of the text,
-        unless the request keeps what stopped it (``include_stop_str_in_output``, as vLLM does)."""
+        """The token that ended the request (end-of-sequence or a stop token id) is not part of the text;
+        a stop token id is when the request keeps what stopped it (``include_stop_str_in_output``). The
+        end-of-sequence token never is: a chat whose markers are kept for the answer parser would
+        otherwise show it in the answer."""
         if token is None or seq.status is not SequenceStatus.FINISHED_STOPPED:
             return False
         p = seq.params
-        if p.include_stop_str_in_output:
-            return False
-        return token in p.stop_token_ids or (token == self.scheduler.eos_token_id and not p.ignore_eos)
+        if token == self.scheduler.eos_token_id and not p.ignore_eos:
+            return True
+        return token in p.stop_token_ids and not p.include_stop_str_in_output
 
     def _finish_output(self, req: _Request) -> RequestOutput:
         self._forget(req)

@@ -9,6 +9,7 @@ from atom.model_engine.stop_strings import StopAutomaton, StopScanner
 from atom.tokenizer import Tokenizer, write_builtin_tokenizer
 
 USER_TOKEN = 258  # <｜User｜> in the built-in tokenizer
+EOS_TOKEN = 257
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +81,10 @@ def test_a_stop_token_id_keeps_its_text_only_when_the_stop_is_kept(server):
     kept = c.completions.create(**kw, extra_body={**stop, "include_stop_str_in_output": True})
     assert (kept.choices[0].text, kept.choices[0].finish_reason, kept.usage.completion_tokens) == ("B", "stop", 1)
     assert c.completions.create(**kw, extra_body=stop).choices[0].text == ""
+
+
+def test_the_end_of_sequence_token_stays_out_of_the_text_even_when_the_stop_is_kept(server):
+    r = server.client().completions.create(model=MODEL, prompt="end", max_tokens=10, temperature=0,
+                                           logit_bias={str(EOS_TOKEN): 100},
+                                           extra_body={"include_stop_str_in_output": True, "skip_special_tokens": False})
+    assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == ("", "stop", 1)
