@@ -14,8 +14,9 @@ The mapping (every refusal is an :class:`ApiError` 400 naming the parameter):
   ``latest_reminder``); content-part lists become their texts joined with a blank line; ``name`` is
   refused (the format has no field for it), as are ``tool_calls`` / ``reasoning_content`` off an
   assistant message and ``tool_call_id`` off a tool message;
-* ``tools`` and a JSON ``response_format`` go on the first system message (a new, empty one at the
-  start when there is none), where the format declares them; ``tool_choice`` ``"auto"`` (the default)
+* ``tools`` and a JSON ``response_format`` go on the conversation's opening system message (a new,
+  empty one at the start when the first message is not a system message), where the format declares
+  them, so they always precede the conversation; ``tool_choice`` ``"auto"`` (the default)
   declares the tools, ``"none"`` leaves them out of the prompt, ``"required"`` or a named function is
   refused: the format cannot force a call;
 * thinking mode: ``chat_template_kwargs.thinking`` (or ``enable_thinking``), else ``thinking`` (a
@@ -166,12 +167,10 @@ def encoder_messages(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]], 
     if response_format is not None:
         declared["response_format"] = response_format
     if declared:
-        first = next((k for k, m in enumerate(messages) if m["role"] == "system"), None)
-        if first is None:
+        if messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": ""})
             names.insert(0, "request")  # its errors read "request.tools[k]..." / "request.response_format"
-            first = 0
-        messages[first].update(declared)
+        messages[0].update(declared)
     return messages, names
 
 

@@ -1,7 +1,9 @@
 """DeepSeek-V4 chat prompts, character for character as the release's encoder writes them.
 
 ``encode_messages(messages, thinking_mode)`` is the public, offline entry point (batch jobs build
-prompts with it; the server's chat route uses it through :mod:`chat_prompt`). The layout::
+prompts with it; the server's chat route uses it through :mod:`chat_prompt`); its counterpart for the
+model's answer, ``parse_completion(text, thinking_mode)`` (:mod:`dsv4_answer`), is importable from here
+too. The layout::
 
     <｜begin▁of▁sentence｜>{system}[\\n\\n{tools block}][\\n\\n{response-format block}]
     <｜User｜>{user}<｜Assistant｜></think>{answer}[\\n\\n{DSML calls}]<｜end▁of▁sentence｜>   (earlier turn)
@@ -36,10 +38,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from atom.entrypoints.dsv4_answer import parse_completion
 from atom.entrypoints.dsv4_tools_block import (DSML, TOOL_CALLS_BEGIN, TOOL_CALLS_END, response_format_block,
                                                tool_calls_block, tools_block)
 
-__all__ = ["encode_messages", "BOS", "EOS", "USER", "ASSISTANT", "LATEST_REMINDER", "THINK", "END_THINK", "DSML",
+__all__ = ["encode_messages", "parse_completion", "BOS", "EOS", "USER", "ASSISTANT", "LATEST_REMINDER", "THINK", "END_THINK", "DSML",
            "TOOL_CALLS_BEGIN", "TOOL_CALLS_END", "TASK_TOKENS", "REASONING_EFFORT_MAX_PREFIX"]
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"

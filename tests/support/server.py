@@ -23,9 +23,13 @@ from atom.entrypoints.openai_server import build_app
 SMALL_SCHEDULER = SchedulerConfig(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=512)
 
 
-def small_config(model_dir, enable_prefix_caching: bool = True, speculative_num_tokens: int = 0) -> EngineConfig:
-    """The small engine every server test serves (32 MiB of KV)."""
+def small_config(model_dir, enable_prefix_caching: bool = True, speculative_num_tokens: int = 0,
+                 max_model_len: int | None = None) -> EngineConfig:
+    """The small engine every server test serves (32 MiB of KV); ``max_model_len`` (and as many batched
+    tokens) for tests whose prompts need more than the default 256 tokens."""
     scheduler = dataclasses.replace(SMALL_SCHEDULER, speculative_num_tokens=speculative_num_tokens)
+    if max_model_len is not None:
+        scheduler = dataclasses.replace(scheduler, max_model_len=max_model_len, max_num_batched_tokens=max_model_len)
     return EngineConfig(ModelConfig(path=str(model_dir), served_model_name=BUILTIN_MODEL_NAME), scheduler,
                         CacheConfig(kv_cache_bytes=32 << 20, enable_prefix_caching=enable_prefix_caching))
 
@@ -66,8 +70,8 @@ class RunningServer:
 
 def start_server(model_dir, *, api_key: str | None = None, max_body_bytes: int | None = None,
                  limits: ServerLimits | None = None, enable_prefix_caching: bool = True,
-                 speculative_num_tokens: int = 0) -> RunningServer:
-    engine = load_engine(small_config(model_dir, enable_prefix_caching, speculative_num_tokens))
+                 speculative_num_tokens: int = 0, max_model_len: int | None = None) -> RunningServer:
+    engine = load_engine(small_config(model_dir, enable_prefix_caching, speculative_num_tokens, max_model_len))
     if limits is None:
         limits = ServerLimits() if max_body_bytes is None else ServerLimits(max_body_bytes=max_body_bytes)
     metrics = ServerMetrics()
