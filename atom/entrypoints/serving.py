@@ -229,6 +229,8 @@ class OpenAIServing:
         for name in ("temperature", "top_p", "top_k", "min_p"):
             if getattr(req, name) is not None:
                 fields[name] = getattr(req, name)
+        if fields.get("top_k") == -1:
+            fields["top_k"] = 0  # vLLM's other spelling of "off", which its clients send by default
         try:
             return SamplingParams(**fields)
         except ValueError as exc:

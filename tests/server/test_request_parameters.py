@@ -146,6 +146,13 @@ def test_implemented_vllm_extras_reach_the_sampling_params(serving):
     assert (default.min_p, default.include_stop_str_in_output, default.skip_special_tokens) == (0.0, False, True)
 
 
+def test_top_k_minus_one_is_off_as_in_vllm_and_below_that_a_400(serving):
+    assert prepare(serving, "completions", {"top_k": -1}).params[0].top_k == 0
+    with pytest.raises(ApiError) as err:
+        prepare(serving, "completions", {"top_k": -2})
+    assert (err.value.status, err.value.param) == (400, "top_k")
+
+
 def test_min_p_out_of_range_is_a_400_naming_it(serving):
     with pytest.raises(ApiError) as err:
         prepare(serving, "chat", {"min_p": 1.5})
