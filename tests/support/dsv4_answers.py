@@ -78,7 +78,8 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
      err("AssertionError", f"Unexpected special token '{D}' in content")),
     ("other special strings are text", "chat", f"<｜User｜><tool_result>x</tool_result><｜query｜>{EOS}",
      ok("<｜User｜><tool_result>x</tool_result><｜query｜>")),
-    ("a marker prefix that is text", "chat", f"a </thin <｜end \n\n<｜DSM x{EOS}", ok("a </thin <｜end \n\n<｜DSM x")),
+    ("a marker prefix that is text", "chat", f"a </thin <｜end \n\n<｜DSM x{EOS}",
+     ok("a </thin <｜end \n\n<｜DSM x")),
     # the tool-call block
     ("text then a call", "thinking", f"r</think>Let me look.{block(WEATHER)}{EOS}",
      ok("Let me look.", "r", (WEATHER_CALL,))),
