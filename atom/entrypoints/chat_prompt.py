@@ -83,7 +83,7 @@ def check_chat_options(req: ChatCompletionRequest) -> None:
     """Refuse (400 naming it) what the mapping cannot honour; see the module docstring."""
     _check_thinking(req)
     if req.reasoning_effort not in (None, "high", "max"):
-        raise ApiError(400, f"reasoning_effort {req.reasoning_effort!r} is not available: the DeepSeek-V4 format "
+        raise ApiError(400, f"reasoning_effort {_shown(req.reasoning_effort)} is not available: the DeepSeek-V4 format "
                             "has 'high' (the default) and 'max'", param="reasoning_effort")
     if req.reasoning_effort is not None and not req.thinking_mode():
         raise ApiError(400, "reasoning_effort applies to thinking mode only; turn it on with "
@@ -103,8 +103,8 @@ def check_chat_options(req: ChatCompletionRequest) -> None:
 def _check_thinking(req: ChatCompletionRequest) -> None:
     for key, value in (req.chat_template_kwargs or {}).items():
         if key not in _TEMPLATE_KWARGS:
-            raise ApiError(400, f"chat_template_kwargs.{key} is not a switch of this server; accepted: "
-                                f"{', '.join(_TEMPLATE_KWARGS)}", param=f"chat_template_kwargs.{key}")
+            raise ApiError(400, f"chat_template_kwargs.{_shown(key, quote=False)} is not a switch of this server; "
+                                f"accepted: {', '.join(_TEMPLATE_KWARGS)}", param=f"chat_template_kwargs.{_shown(key, quote=False)}")
         if not isinstance(value, bool):
             raise ApiError(400, f"chat_template_kwargs.{key} must be true or false", param=f"chat_template_kwargs.{key}")
     if isinstance(req.thinking, ThinkingOption) and req.thinking.budget_tokens is not None:
@@ -131,7 +131,7 @@ def _response_format(req: ChatCompletionRequest) -> dict[str, Any] | None:
 def _check_message(i: int, m: ChatMessage) -> None:
     where = f"messages[{i}]"
     if m.role not in ROLES:
-        raise ApiError(400, f"{where}.role {m.role!r} is not accepted; accepted: {', '.join(ROLES)}",
+        raise ApiError(400, f"{where}.role {_shown(m.role)} is not accepted; accepted: {', '.join(ROLES)}",
                        param=f"{where}.role")
     if m.name is not None:
         raise ApiError(400, f"{where}.name is not available: the DeepSeek-V4 chat format has no field for a "
@@ -149,6 +149,12 @@ def _check_message(i: int, m: ChatMessage) -> None:
     if m.role == "developer" and not m.text():
         raise ApiError(400, f"{where}.content must not be empty on a message of role 'developer'",
                        param=f"{where}.content")
+
+
+def _shown(text: str, limit: int = 40, quote: bool = True) -> str:
+    """A client's string in an error message, cut to ``limit`` characters (it may be megabytes)."""
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    return repr(cut) if quote else cut
 
 
 def _declares_tools(req: ChatCompletionRequest) -> bool:

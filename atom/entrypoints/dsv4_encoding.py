@@ -86,9 +86,9 @@ def encode_messages(messages: Sequence[Mapping[str, Any]], thinking_mode: str = 
     each message of ``messages`` (default ``messages[i]``). Raises ``ValueError`` on bad input.
     """
     if thinking_mode not in THINKING_MODES:
-        raise ValueError(f"thinking_mode must be 'chat' or 'thinking', got {thinking_mode!r}")
+        raise ValueError(f"thinking_mode must be 'chat' or 'thinking', got {_shown(thinking_mode)}")
     if reasoning_effort not in REASONING_EFFORTS:
-        raise ValueError(f"reasoning_effort must be None, 'high' or 'max', got {reasoning_effort!r}")
+        raise ValueError(f"reasoning_effort must be None, 'high' or 'max', got {_shown(reasoning_effort)}")
     context = list(context or [])
     messages = list(messages)
     if names is None:
@@ -209,7 +209,7 @@ def _body(work: list[_Entry], i: int, thinking: bool, pruning: bool, last_user: 
         return LATEST_REMINDER + str(m.get("content"))
     if role == "assistant":
         return _assistant(work, i, thinking, pruning, last_user)
-    raise ValueError(f"{name}.role {role!r} is not a role of this format; accepted: system, developer, user, "
+    raise ValueError(f"{name}.role {_shown(role)} is not a role of this format; accepted: system, developer, user, "
                      "assistant, tool, latest_reminder")
 
 
@@ -265,13 +265,19 @@ def _transition(work: list[_Entry], i: int, thinking: bool, pruning: bool, last_
     task = m.get("task")
     if task is not None:
         if task not in TASK_TOKENS:
-            raise ValueError(f"{name}.task {task!r} is not a task; accepted: {', '.join(TASK_TOKENS)}")
+            raise ValueError(f"{name}.task {_shown(task)} is not a task; accepted: {', '.join(TASK_TOKENS)}")
         if task == "action":
             return ASSISTANT + (THINK if thinking else END_THINK) + TASK_TOKENS["action"]
         return TASK_TOKENS[task]
     if m.get("role") in _USER_SIDE:
         return ASSISTANT + (THINK if thinking and (not pruning or i >= last_user) else END_THINK)
     return ""
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """A caller's value in an error message, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _text_or_empty(value: Any) -> str:

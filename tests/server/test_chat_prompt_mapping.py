@@ -169,6 +169,12 @@ def test_message_fields_the_format_cannot_carry_are_refused_naming_them(tok, mes
     assert refusal(tok, [{"role": "system", "content": "S"}, message]).param == param
 
 
+def test_a_huge_value_is_cut_short_in_the_refusal(tok):
+    err = refusal(tok, [{"role": "w" * 100_000, "content": "hi"}])
+    assert err.message == f"messages[0].role {'w' * 40 + '...'!r} is not accepted; accepted: system, developer, user, " \
+                          "assistant, tool, latest_reminder"
+
+
 def deep_call_history(depth=5000):
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * depth + "]" * depth}}
     return [USER, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "content": "r",
