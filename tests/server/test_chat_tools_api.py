@@ -101,6 +101,8 @@ def test_a_tool_call_and_its_result_sent_back_reach_the_engine_as_the_specified_
     expected = (f"{BOS}You report the weather.\n\n{TOOLS_BLOCK}{U}Weather in Paris?{A}</think>Let me check."
                 f"{CALL_TEXT}{EOS}{U}<tool_result>{{\"temp_c\": 18}}</tool_result>{A}</think>")
     assert script.prompt_text(1) == expected
+    # the first prompt and the answer the model wrote are the start of the second: the prefix cache can serve it
+    assert expected.startswith(script.prompt_text(0) + "Let me check." + CALL_TEXT + EOS)
     assert expected == encode_messages(declared + [
         {"role": "assistant", "content": "Let me check.", "tool_calls": [
             {"id": call.id, "type": "function", "function": {"name": "get_weather",

@@ -271,3 +271,10 @@ def test_bad_conversations_are_value_errors_naming_what_is_wrong(messages, optio
 def test_errors_name_the_messages_as_the_caller_says():
     with pytest.raises(ValueError, match=r"^turn 7\.content must be a string"):
         encode_messages([u(None)], "chat", names=["turn 7"])
+
+
+def test_with_tools_declared_a_thinking_prompt_and_its_answer_begin_the_next_prompt():
+    conversation = [s("S", tools=[WEATHER_TOOL]), u("q")]
+    answer = "r</think>" + CALL_F_TEXT + EOS
+    later = conversation + [CALL_F, t("res", "c1")]
+    assert encode_messages(later, "thinking").startswith(encode_messages(conversation, "thinking") + answer)
