@@ -235,9 +235,10 @@ def _as_target(t: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return t.to(target.dtype)
 
 
-def _install(model: nn.Module, name: str, value: torch.Tensor) -> None:
+def _install(modules: dict[str, nn.Module], name: str, value: torch.Tensor) -> None:
+    """Make ``value`` the parameter or buffer ``name`` (``modules``: the model's ``named_modules()``)."""
     owner, _, attr = name.rpartition(".")
-    mod = model.get_submodule(owner)
+    mod = modules[owner]
     if attr in mod._parameters:
         mod._parameters[attr] = nn.Parameter(value, requires_grad=False)
     else:
@@ -288,23 +289,23 @@ def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32
     check_fits(sum(t.numel() * t.element_size() for t in expected.values()), device)
     scales = {name[: -len("weight")] + "scale": name for name in dequant}
     waiting: dict[str, torch.Tensor] = {}  # one half of a weight + scale pair whose other half is in a later file
+    modules = dict(model.named_modules())
     for path in _shards(index, progress):
-        with ShardFile(path) as shard:
+        with ShardFile(path, device) as shard:
             for name in index.names_in(path):
                 weight = scales.get(name, name)
                 if weight in dequant:
-                    value = _dequantized(index, shard, name, weight, device, waiting)
+                    value = _dequantized(index, shard, name, weight, waiting)
                     if value is not None:
-                        _install(model, weight, value.to(expected[weight].dtype))
+                        _install(modules, weight, value.to(expected[weight].dtype))
                 elif name in expected:
-                    _install(model, name, _as_target(shard.read(name, index.entries[name], device),
-                                                     expected[name]))
+                    _install(modules, name, _as_target(shard.read(name, index.entries[name]), expected[name]))
     if waiting:  # plan_model admits a dequantized weight only with its scale, so this is never reached
         raise CheckpointError(f"tensors never paired with their weight or scale: {sorted(waiting)}")
     return model.eval()
 
 
-def _dequantized(index: CheckpointIndex, shard: ShardFile, name: str, weight: str, device: torch.device | str,
+def _dequantized(index: CheckpointIndex, shard: ShardFile, name: str, weight: str,
                  waiting: dict[str, torch.Tensor]) -> torch.Tensor | None:
     """The dequantized ``weight`` once both it and its scale are read, else None.
 
@@ -315,8 +316,8 @@ def _dequantized(index: CheckpointIndex, shard: ShardFile, name: str, weight: st
     if index.entries[partner].file == shard.path:
         if name == scale:
             return None  # read with its weight
-        waiting[partner] = shard.read(partner, index.entries[partner], device)
-    waiting[name] = shard.read(name, index.entries[name], device)
+        waiting[partner] = shard.read(partner, index.entries[partner])
+    waiting[name] = shard.read(name, index.entries[name])
     if partner not in waiting:
         return None
     return dequantize_stored(weight, waiting.pop(weight), waiting.pop(scale))

@@ -42,12 +42,13 @@ class TensorEntry:
     file: Path
     dtype: str
     shape: tuple[int, ...]
-    start: int = 0
-    end: int = 0
+    start: int
+    end: int
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * ITEM_BYTES.get(self.dtype, 1)
+        """Bytes of the tensor's data (``read_header`` checked that they match its shape and dtype)."""
+        return self.end - self.start
 
 
 def read_header(path: Path) -> list[tuple[str, TensorEntry]]:
@@ -95,18 +96,20 @@ def _entry(path: Path, name: str, info: object, base: int) -> TensorEntry:
     ints = (*shape, begin, end) if isinstance(shape, list) else None
     if ints is None or not all(type(v) is int and v >= 0 for v in ints):
         raise ValueError(f"tensor {name}: shape {str(shape)[:100]} and data_offsets must be non-negative integers")
-    entry = TensorEntry(path, dtype, tuple(shape), base + begin, base + end)
-    if end - begin != entry.nbytes:
+    needed = math.prod(shape) * ITEM_BYTES[dtype]
+    if end - begin != needed:
         raise ValueError(f"tensor {name}: data_offsets [{begin}, {end}] hold {end - begin} bytes but shape "
-                         f"{entry.shape} of {dtype} needs {entry.nbytes}")
-    return entry
+                         f"{tuple(shape)} of {dtype} needs {needed}")
+    return TensorEntry(path, dtype, tuple(shape), base + begin, base + end)
 
 
 class ShardFile:
-    """One safetensors file opened once; :meth:`read` reads a tensor (best in file order: sequential I/O)."""
+    """One safetensors file opened once; :meth:`read` reads a tensor onto ``device`` (best in file order, so the
+    reads are sequential)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, device: torch.device | str = "cpu") -> None:
         self.path = path
+        self.device = torch.device(device)
         try:
             self._file = open(path, "rb", buffering=0)
         except OSError as e:
@@ -122,8 +125,9 @@ class ShardFile:
     def close(self) -> None:
         self._file.close()
 
-    def read(self, name: str, entry: TensorEntry, device: torch.device | str = "cpu") -> torch.Tensor:
-        """Tensor ``name`` (at ``entry``, a header entry of this file) in a fresh CPU buffer, moved to ``device``."""
+    def read(self, name: str, entry: TensorEntry) -> torch.Tensor:
+        """Tensor ``name`` (at ``entry``, a header entry of this file) read into a fresh CPU buffer and moved to
+        the device."""
         raw = torch.empty(entry.nbytes, dtype=torch.uint8)
         try:
             self._file.seek(entry.start)
@@ -136,4 +140,4 @@ class ShardFile:
         except OSError as e:
             raise CheckpointError(f"tensor {name} in {self.path} is unreadable: {e}") from e
         tensor = raw.view(TORCH_DTYPES[entry.dtype]).reshape(entry.shape)
-        return tensor if torch.device(device).type == "cpu" else tensor.to(device)
+        return tensor if self.device.type == "cpu" else tensor.to(self.device)
