@@ -26,6 +26,7 @@ why the pieces always join to the same result (tests feed every example one char
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ __all__ = ["ChatDelta", "ChatOutputParser", "inert"]
 # meeting one means the answer cannot parse, whatever follows.
 _MARKERS = {"reasoning": (END_THINK, TOOL_CALLS_START, BOS, EOS, THINK, DSML),
             "content": (EOS, TOOL_CALLS_START, BOS, THINK, END_THINK, DSML)}
+_CONTROL = re.compile("|".join(re.escape(c) for c in CONTROL_STRINGS))
 _INERT = {BOS: BOS.replace("｜", "|"), EOS: EOS.replace("｜", "|"), THINK: "<think >", END_THINK: "</think >",
           DSML: DSML.replace("｜", "|")}
 
@@ -87,21 +89,26 @@ def _next_marker(buf: str, markers: tuple[str, ...]) -> tuple[int, str | None]:
 
 class _InertText:
     """Streams text with the control strings replaced by their inert forms; an end-of-sentence token
-    is held while it ends the text so far, and dropped if nothing follows it."""
+    is held while it ends the text so far, and dropped if nothing follows it. One regex pass per piece
+    (linear: a long answer full of control strings is read at once when not streamed)."""
 
     def __init__(self) -> None:
         self._held = ""
 
     def feed(self, text: str) -> str:
-        buf, out = self._held + text, []
-        while True:
-            pos, marker = _next_marker(buf, CONTROL_STRINGS)
-            out.append(buf[:pos])
-            if marker is None or (marker == EOS and pos + len(EOS) == len(buf)):
-                self._held = buf[pos:]
-                return "".join(out)
-            out.append(_INERT[marker])
-            buf = buf[pos + len(marker):]
+        buf, out, at = self._held + text, [], 0
+        hold = None
+        for found in _CONTROL.finditer(buf):
+            if found.group() == EOS and found.end() == len(buf):
+                hold = found.start()  # the answer's end, unless more text follows
+                break
+            out += [buf[at:found.start()], _INERT[found.group()]]
+            at = found.end()
+        if hold is None:  # a possible control string start at the end (a proper prefix: plain text so far)
+            hold = _next_marker(buf[at:], CONTROL_STRINGS)[0] + at
+        out.append(buf[at:hold])
+        self._held = buf[hold:]
+        return "".join(out)
 
     def finish(self) -> str:
         held, self._held = self._held, ""

@@ -65,20 +65,20 @@ def parse_completion(text: str, thinking_mode: str) -> dict[str, Any]:
         raise ValueError(f"thinking_mode must be 'chat' or 'thinking', got {thinking_mode!r}")
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    index, reasoning = 0, ""
+    doc, index, reasoning = _Text(text), 0, ""
     if thinking_mode == "thinking":
-        pos, stop = _find_first(text, 0, (END_THINK, TOOL_CALLS_START))
+        pos, stop = doc.first(0, (END_THINK, TOOL_CALLS_START))
         if stop != END_THINK:
             raise AssertionError("Invalid thinking format: missing </think>")
         reasoning, index = text[:pos], pos + len(END_THINK)
-    pos, stop = _find_first(text, index, (EOS, TOOL_CALLS_START))
+    pos, stop = doc.first(index, (EOS, TOOL_CALLS_START))
     if stop is None:
         raise AssertionError("Invalid format: missing EOS token")
     content, index = text[index:pos], pos + len(stop)
     calls: list[dict[str, str]] = []
     if stop == TOOL_CALLS_START:
-        index, calls = _parse_block(text, index)
-        pos, stop = _find_first(text, index, (EOS,))
+        index, calls = _parse_block(doc, index)
+        pos, stop = doc.first(index, (EOS,))
         if text[index:pos]:
             raise AssertionError("Unexpected content after tool calls")
         index = pos + len(EOS) if stop else pos
@@ -91,52 +91,67 @@ def parse_completion(text: str, thinking_mode: str) -> dict[str, Any]:
             "tool_calls": [{"type": "function", "function": call} for call in calls]}
 
 
-def _find_first(text: str, start: int, stops: tuple[str, ...]) -> tuple[int, str | None]:
-    """``(position, stop)`` of the earliest of ``stops`` at or after ``start`` (a tie goes to the one
-    listed first); ``(len(text), None)`` when none occurs."""
-    best, found = len(text), None
-    for stop in stops:
-        pos = text.find(stop, start)
-        if pos != -1 and pos < best:
-            best, found = pos, stop
-    return best, found
+class _Text:
+    """The completion, with ``find`` remembering each string's next occurrence: the parse only moves
+    forward, so a remembered position stays valid until passed, and a block of many invokes costs one
+    scan for its closing tag instead of one per invoke."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._next: dict[str, tuple[int, int]] = {}  # string -> (searched from, found at or -1)
+
+    def find(self, s: str, start: int) -> int:
+        since, pos = self._next.get(s, (len(self.text) + 1, -1))
+        if not (since <= start and (pos == -1 or pos >= start)):
+            pos = self.text.find(s, start)
+            self._next[s] = (start, pos)
+        return pos
+
+    def first(self, start: int, stops: tuple[str, ...]) -> tuple[int, str | None]:
+        """``(position, stop)`` of the earliest of ``stops`` at or after ``start`` (a tie goes to the one
+        listed first); ``(len(text), None)`` when none occurs."""
+        best, found = len(self.text), None
+        for stop in stops:
+            pos = self.find(stop, start)
+            if pos != -1 and pos < best:
+                best, found = pos, stop
+        return best, found
+
+    def read(self, start: int, stops: tuple[str, ...]) -> tuple[str, int, str | None]:
+        """``(text before the first stop, index after that stop, the stop)``; the rest of the text and
+        ``None`` when no stop occurs."""
+        pos, stop = self.first(start, stops)
+        return self.text[start:pos], pos + (len(stop) if stop else 0), stop
 
 
-def _read(text: str, start: int, stops: tuple[str, ...]) -> tuple[str, int, str | None]:
-    """``(text before the first stop, index after that stop, the stop)``; the rest of ``text`` and
-    ``None`` when no stop occurs."""
-    pos, stop = _find_first(text, start, stops)
-    return text[start:pos], pos + (len(stop) if stop else 0), stop
-
-
-def _parse_block(text: str, index: int) -> tuple[int, list[dict[str, str]]]:
+def _parse_block(doc: _Text, index: int) -> tuple[int, list[dict[str, str]]]:
     """The invokes after ``TOOL_CALLS_START``; returns the index after the block and the calls.
 
     Text that ends inside the block ends the loop quietly (the release's leniency: a block cut
     right after an invoke header, or before its first invoke, still reads)."""
     calls = []
-    while index < len(text):
-        between, index, stop = _read(text, index, (_INVOKE, _BLOCK_END))
+    while index < len(doc.text):
+        between, index, stop = doc.read(index, (_INVOKE, _BLOCK_END))
         if between != _SEPARATOR:
             raise ValueError(f"Tool call format error: expected '>\\n' but got '{between}'")
         if stop == _BLOCK_END:
             break
         if stop is None:
             raise ValueError("Missing special token in tool calls")
-        index, call = _parse_invoke(text, index)
+        index, call = _parse_invoke(doc, index)
         calls.append(call)
     return index, calls
 
 
-def _parse_invoke(text: str, index: int) -> tuple[int, dict[str, str]]:
+def _parse_invoke(doc: _Text, index: int) -> tuple[int, dict[str, str]]:
     """One invoke after ``<｜DSML｜invoke``: its name and parameters, up to ``</｜DSML｜invoke``."""
-    header, index, stop = _read(text, index, (_PARAM, _INVOKE_END))
+    header, index, stop = doc.read(index, (_PARAM, _INVOKE_END))
     match = _HEADER.match(header)
     if match is None:
         raise ValueError(f"Tool name format error: '{header}'")
     params: dict[str, tuple[str, str]] = {}
     while stop == _PARAM:
-        body, index, _ = _read(text, index, (_PARAM_END,))
+        body, index, _ = doc.read(index, (_PARAM_END,))
         found = _PARAMETER.match(body)
         if found is None:
             raise ValueError(f"Parameter format error: '{body}'")
@@ -144,7 +159,7 @@ def _parse_invoke(text: str, index: int) -> tuple[int, dict[str, str]]:
         if key in params:
             raise ValueError(f"Duplicate parameter name: '{key}'")
         params[key] = (value, flag)
-        between, index, stop = _read(text, index, (_PARAM, _INVOKE_END))
+        between, index, stop = doc.read(index, (_PARAM, _INVOKE_END))
         if between != _SEPARATOR:
             raise ValueError(f"Parameter format error: expected '>\\n' but got '{between}'")
     return index, {"name": match.group(1), "arguments": _arguments(params)}
