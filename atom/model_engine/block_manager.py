@@ -22,13 +22,16 @@ nothing). Then, for an owner that is short of pages, first evict its own least
 recently used cached block (chunk-aware); if it has none, reclaim a whole chunk from the other
 owner's cache; then release the least recently used retention pin (so pins never starve live
 requests). Nothing is evicted unless it helps: a chunk is reclaimed only when every used page of it is cached,
-and only from an arena that lends between owners. (``arena`` may be injected: the trace simulator
+and only from an arena that lends between owners. Growth ``within_pins`` (prefill chunks, sized by
+:meth:`BlockManager.chunk_within_pins`) skips the compressed blocks pinned windows need and releases
+no pin whenever the room can be made so; ``spare_only`` growth (speculative drafts) evicts nothing. (``arena`` may be injected: the trace simulator
 runs the same block manager over a fixed split or an ATOM-style arena to compare them.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from atom.config import CacheConfig
 from atom.model_engine.chunk_arena import ArenaEmpty
@@ -137,7 +140,7 @@ class BlockManager:
         h = self.holdings[seq.seq_id] = KvHoldings(seq.seq_id, self.updates)
         self._claim_hit(h, chain, match.blocks)
         seq.num_computed_tokens = seq.num_cached_tokens = start
-        self.grow(seq, num_new)
+        self.grow(seq, num_new, within_pins=True)
         h.state_fresh = True
         h.retain_boundaries = self._retain_boundaries(seq, match)
         if seq.num_preemptions == 0:  # a re-admission's hit is mostly its own recompute: count once
@@ -159,7 +162,59 @@ class BlockManager:
             return True
         comp_ids = [chain[j].comp for j in range(blocks)] if self.has_compressed else []
         swa_ids = [chain[j].swa for j in range(max(0, blocks - self.swa.tail_blocks), blocks)]
-        return self._room_possible(swa, comp, state, claimed={SWA: swa_ids, COMPRESS: comp_ids})
+        return self._room_possible(swa, comp, state, {SWA: swa_ids, COMPRESS: comp_ids})
+
+    def chunk_within_pins(self, seq: Sequence, num_new: int) -> int:
+        """The prefill chunk of running ``seq`` to run instead of ``num_new`` tokens so that backing it
+        (``grow(..., within_pins=True)``) touches no retention pin: ``num_new`` when it fits so, else
+        the longest chunk ending at a block end that does (by bisection: a longer chunk needs no fewer
+        pages), else the chunk to the end of the current block (the least a step can do; backing it
+        may still release pins, which never starve a live request). A large token budget thus never
+        takes a long prompt in one chunk that unpins, and then evicts, the checkpoints a small budget
+        keeps."""
+        if not self.swa.num_pins:
+            return num_new
+        h, start, b = self.holdings[seq.seq_id], seq.num_computed_tokens, self.block_size
+        protected: set[int] | None = None
+
+        def fits(m: int) -> bool:
+            nonlocal protected
+            swa, comp = self.swa.pages_needed(h, start, m), self.comp.pages_needed(h, start + m) if self.has_compressed else 0
+            state = self.slots.pages_needed(h)
+            if self.arena.can_alloc(swa, comp, state):
+                return True
+            protected = self._pin_protected() if protected is None else protected
+            return self._room_possible(swa, comp, state, {COMPRESS: protected}, keep_pins=True)
+
+        first = min(num_new, b - start % b)
+        if num_new == first or fits(num_new):
+            return num_new
+        if not fits(first):
+            return first
+        lo, hi = 0, (num_new - first - 1) // b  # candidate k: first + k * b tokens, below num_new
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(first + mid * b):
+                lo = mid
+            else:
+                hi = mid - 1
+        return first + lo * b
+
+    def _pin_protected(self) -> set[int]:
+        """The cached compressed blocks the retention pins need: each pinned SWA window is reachable
+        only while the compressed blocks of its prefix node and every node before it stay cached
+        (evicting the one at its node would release the pin). One walk up each chain, each node once."""
+        out: set[int] = set()
+        seen: set[int] = set()
+        node_of, comp_pool = self.swa.pool.node, self.comp.pool
+        for bid in self.swa.pinned_ids():
+            node = node_of[bid]
+            while node is not None and id(node) not in seen:
+                seen.add(id(node))
+                if node.comp >= 0 and comp_pool.is_cached(node.comp):
+                    out.add(node.comp)
+                node = node.parent
+        return out
 
     def _claim_hit(self, h: KvHoldings, chain: list[PrefixNode], blocks: int) -> None:
         if self.has_compressed:
@@ -223,10 +278,12 @@ class BlockManager:
         return True
 
     # ---- growth -------------------------------------------------------------------------------
-    def grow(self, seq: Sequence, num_new: int, spare_only: bool = False) -> None:
+    def grow(self, seq: Sequence, num_new: int, spare_only: bool = False, within_pins: bool = False) -> None:
         """Back the next ``num_new`` positions of ``seq``; :class:`ArenaEmpty` (changing nothing) if
         no room. ``spare_only``: use only pages the arena has spare, evicting no cached block and
-        releasing no retention pin (speculative drafts are backed this way).
+        releasing no retention pin (speculative drafts are backed this way). ``within_pins``: make the
+        room without touching a retention pin when that is possible (prefill chunks, sized by
+        :meth:`chunk_within_pins`), else as usual.
 
         Fast path: a step inside one block that is already backed (most decode steps) allocates
         nothing and runs no room check."""
@@ -242,7 +299,7 @@ class BlockManager:
         state_new = self.slots.pages_needed(h)
         if spare_only and not self.arena.can_alloc(swa_new, comp_new, state_new):
             raise ArenaEmpty(f"no spare room for {swa_new} SWA + {comp_new} compressed + {state_new} state pages")
-        self._make_room(swa_new, comp_new, state_new)
+        self._make_room(swa_new, comp_new, state_new, within_pins)
         if comp_new:
             self.comp.ensure(h, end)
         if swa_new:
@@ -250,30 +307,40 @@ class BlockManager:
         if state_new:
             self.slots.take(h)
 
-    def _make_room(self, swa: int, comp: int, state: int = 0) -> None:
+    def _make_room(self, swa: int, comp: int, state: int = 0, within_pins: bool = False) -> None:
         """Evict until the new pages fit; :class:`ArenaEmpty` (evicting nothing) when even evicting
-        every cached block and releasing every pin would not be enough."""
+        every cached block and releasing every pin would not be enough. ``within_pins``: when the room
+        can be made without touching a pin, the compressed blocks the pins need are skipped and no
+        pin is released."""
         if self.arena.can_alloc(swa, comp, state):
             return
-        if not self._room_possible(swa, comp, state):
+        keep: set[int] | None = None  # compressed blocks not to evict; None: pins may go as usual
+        if within_pins and self.swa.num_pins:
+            protected = self._pin_protected()
+            if self._room_possible(swa, comp, state, {COMPRESS: protected}, keep_pins=True):
+                keep = protected
+        if keep is None and not self._room_possible(swa, comp, state):
             raise ArenaEmpty(f"no room for {swa} SWA + {comp} compressed + {state} state pages even after "
                              "evicting the whole cache")
         pools = {SWA: self.swa.pool, COMPRESS: self.comp.pool}  # the state owner caches nothing
+        skip = {SWA: frozenset(), COMPRESS: keep or frozenset()}
         while not self.arena.can_alloc(swa, comp, state):
             short = [o for o, n in ((SWA, swa), (COMPRESS, comp)) if self.arena.chunks_needed(**{o: n}) > 0]
-            if any(pools[o].evict_lru() for o in short):
+            if any(pools[o].evict_lru(skip[o]) for o in short):
                 continue
-            lenders = pools.values() if self.arena.lends_between_owners else ()
-            if any(pool.reclaim_chunk() for pool in lenders):
+            lenders = pools if self.arena.lends_between_owners else ()
+            if any(pools[o].reclaim_chunk(skip[o]) for o in lenders):
                 continue
+            assert keep is None, f"room for {swa} SWA + {comp} compressed + {state} pages within the pins not reached"
             released = self.swa.release_oldest_pin()
             assert released, f"room for {swa} SWA + {comp} compressed + {state} state pages was feasible but not reached"
 
-    def _room_possible(self, swa: int, comp: int, state: int, claimed: dict[str, list[int]] | None = None) -> bool:
-        """Whether evicting cached blocks (and releasing pins) can make the room: first the cheap
-        sufficient test (each owner's own cache), then the exact one (what would stay in use).
-        ``claimed`` (owner -> block ids): blocks an admission would claim first (they could then be
-        neither evicted nor released from a pin)."""
+    def _room_possible(self, swa: int, comp: int, state: int, claimed: dict[str, Iterable[int]] | None = None,
+                       keep_pins: bool = False) -> bool:
+        """Whether evicting cached blocks (and releasing pins, unless ``keep_pins``) can make the
+        room: first the cheap sufficient test (each owner's own cache), then the exact one (what would
+        stay in use). ``claimed`` (owner -> block ids): blocks an admission would claim first (they
+        could then be neither evicted nor released from a pin)."""
         claimed = claimed or {}
         swa_pool, comp_pool = self.swa.pool, self.comp.pool
         swa_held = [bid for bid in claimed.get(SWA, ()) if swa_pool.is_cached(bid)]
@@ -281,8 +348,8 @@ class BlockManager:
         if self.arena.can_alloc(max(0, swa - swa_pool.num_cached() + len(swa_held)),
                                 max(0, comp - comp_pool.num_cached() + len(comp_held)), state):
             return True
-        pins = self.swa.pin_only_ids()
-        if claimed.get(SWA):
+        pins = [] if keep_pins else self.swa.pin_only_ids()
+        if pins and claimed.get(SWA):
             taken = set(claimed[SWA])
             pins = [bid for bid in pins if bid not in taken]
         kept = {SWA: swa_pool.kept_after_eviction(pins, swa_held),

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from itertools import groupby
-from typing import Callable
+from typing import Callable, Collection
 
 from atom.model_engine.page_map import LogicalPageMap, Owner
 from atom.model_engine.prefix_index import PrefixIndex, PrefixNode
@@ -172,14 +172,17 @@ class BlockPool:
         self._free_many([block_id])
         self.num_evictions += 1
 
-    def evict_lru(self) -> bool:
+    def evict_lru(self, skip: Collection[int] = ()) -> bool:
         """Evict one cached block among the oldest few: the one worth least (recompute tokens it
         saves / its age in cache events, when the policy values blocks), then the one whose chunk
-        has the fewest pages in use (so chunks drain). False if none is cached."""
-        if not self._cached:
+        has the fewest pages in use (so chunks drain). Blocks in ``skip`` are passed over. False if
+        none is cached (but those)."""
+        if len(self._cached) <= len(skip) and all(bid in skip for bid in self._cached):
             return False
         candidates = []
         for bid in self._cached:
+            if bid in skip:
+                continue
             candidates.append(bid)
             if len(candidates) == _LRU_WINDOW:
                 break
@@ -211,13 +214,16 @@ class BlockPool:
             out[chunk] = out.get(chunk, 0) + 1
         return out
 
-    def reclaim_chunk(self) -> bool:
+    def reclaim_chunk(self, skip: Collection[int] = ()) -> bool:
         """Evict every cached block of the least recently used chunk whose used pages are all
-        cached, returning that chunk to the arena. False (evicting nothing) if no chunk qualifies.
-        Costs O(chunks holding cached pages) when none qualifies; else the cached blocks up to the
-        chosen chunk's last are read once, in LRU order (which is also the order they are evicted in)."""
+        cached, returning that chunk to the arena; chunks holding a block of ``skip`` do not
+        qualify. False (evicting nothing) if no chunk qualifies. Costs O(chunks holding cached
+        pages) when none qualifies; else the cached blocks up to the chosen chunk's last are read
+        once, in LRU order (which is also the order they are evicted in)."""
         counts, used, owner = self._cached_in_chunk, self.arena.chunk_pages_used, self.owner
         drainable = {chunk for chunk, n in counts.items() if n == used(owner, chunk)}
+        if skip:
+            drainable -= {self._chunk[bid] for bid in skip}
         if not drainable:
             return False
         of, victims, chunk = self._chunk, [], -1

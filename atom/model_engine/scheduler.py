@@ -139,7 +139,10 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             drafts = self._propose(seq, budget)
-            n = self._grow_or_preempt(seq, min(seq.num_remaining, budget))
+            n = min(seq.num_remaining, budget)
+            if n > 1:  # a prefill chunk: no longer than what fits without touching a retention pin
+                n = self.bm.chunk_within_pins(seq, n)
+            n = self._grow_or_preempt(seq, n, within_pins=n > 1)
             if n:
                 if drafts:
                     drafts = self._drafts_that_fit(seq, n, drafts)
@@ -177,11 +180,12 @@ class Scheduler:
                 self.config.max_model_len - len(seq))
         return tuple(self.drafter.propose(seq, k))[:k] if k > 0 else ()
 
-    def _grow_or_preempt(self, seq: Sequence, n: int) -> int:
-        """Back ``n`` tokens of ``seq``, preempting younger requests; 0 if ``seq`` itself was preempted."""
+    def _grow_or_preempt(self, seq: Sequence, n: int, within_pins: bool = False) -> int:
+        """Back ``n`` tokens of ``seq``, preempting younger requests; 0 if ``seq`` itself was preempted.
+        ``within_pins``: see :meth:`BlockManager.grow`."""
         while True:
             try:
-                self.bm.grow(seq, n)
+                self.bm.grow(seq, n, within_pins=within_pins)
                 return n
             except ArenaEmpty:
                 pass

@@ -22,49 +22,41 @@ def full_state(bm: BlockManager) -> dict:
     return out
 
 
-def refused_hit(harness, running_len: int):
-    """A request whose prompt hits a cached, pinned prefix but whose first chunk cannot fit beside a
-    running request, in a 9-chunk arena with full retain and retention pins every 32 tokens."""
-    h = harness(num_chunks=9, full_retain=True, interval=32, budget=256, max_model_len=512)
+def refused_hit(harness):
+    """A 100-token prompt leaves its prefix cached with pinned checkpoints (every 32 tokens, full
+    retain, an 8-chunk arena, 16-token chunks); a running request with the same 96-token prefix then
+    fills the arena. Returns the harness and a second request with that prefix, not yet admitted."""
+    h = harness(num_chunks=8, full_retain=True, interval=32, budget=16, max_model_len=512, max_seqs=8,
+                pin_fraction=1.0)
     prompt = unique(100, 1)
     h.add(prompt, max_tokens=2)
     h.run()
-    h.add(unique(running_len, 2), max_tokens=60)
-    h.step()
+    h.add(prompt[:96] + unique(100, 2), max_tokens=8)
+    for _ in range(8):
+        h.step()
     late = h.add(prompt[:96] + unique(100, 3), max_tokens=2)
     h.sched.waiting.remove(late)  # admitted by hand below
     return h, late
 
 
 def test_a_refused_admission_that_would_claim_a_pinned_block_leaves_the_pins_and_lru_unchanged(harness):
-    h, late = refused_hit(harness, running_len=40)
+    # the late request's hit window is the oldest pin: claiming it used to move it to the newest end of
+    # the pins and the cached blocks it claimed to the newest end of the LRU, and the release kept them there
+    h, late = refused_hit(harness)
     bm = h.bm
     match = bm.match_prefix(late)
     hit_window = bm.published_block("swa", late, match.blocks - 1)
-    assert match.blocks == 6 and hit_window in bm.swa.pinned_ids() and bm.swa.pinned_ids() != [hit_window]
-    assert list(bm.comp.pool._cached) == [5, 4, 3, 2, 1, 0]  # the hit claims all of them
+    assert match.blocks == 6 and bm.swa.pinned_ids() == [hit_window, 2, 1, 3]
+    assert [s.num_computed_tokens for s in h.sched.running] == [197]  # its prompt ran, it decodes
     before = full_state(bm)
-    assert bm.admit(late, 256) == 0
+    assert bm.admit(late, 32) == 0
     assert full_state(bm) == before
     assert late.num_computed_tokens == late.num_cached_tokens == 0
     bm.check_integrity(h.sched.running)
 
 
-def test_a_refused_admission_that_would_claim_cached_window_blocks_leaves_the_lru_unchanged(harness):
-    h, late = refused_hit(harness, running_len=80)
-    bm = h.bm
-    match = bm.match_prefix(late)
-    hit_window = bm.published_block("swa", late, match.blocks - 1)
-    cached = list(bm.swa.pool._cached)
-    assert match.blocks == 4 and hit_window in cached and cached[-1] != hit_window
-    before = full_state(bm)
-    assert bm.admit(late, 256) == 0
-    assert full_state(bm) == before
-    bm.check_integrity(h.sched.running)
-
-
 def test_the_refused_request_is_admitted_with_its_hit_once_the_running_one_ends(harness):
-    h, late = refused_hit(harness, running_len=40)
+    h, late = refused_hit(harness)
     h.run()
     assert h.bm.admit(late, 32) == 32 and late.num_cached_tokens == 96
     h.sched.running.append(late)
