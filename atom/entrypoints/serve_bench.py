@@ -119,7 +119,12 @@ class BenchReport:
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The report as strict JSON values: a float that is not finite (``request_rate`` inf = no
+        pacing) becomes None (``null``), and the API key is left out."""
+        data = _finite(asdict(self))
+        if data["config"].get("api_key") is not None:
+            data["config"]["api_key"] = "(set)"
+        return data
 
     def format(self) -> str:
         lines = [f"requests          {self.completed} ok, {self.failed} failed in {self.duration_s:.2f} s",
@@ -130,6 +135,17 @@ class BenchReport:
             lines.append(f"{name:<18}" + "  ".join(f"{k} {v:.1f}" for k, v in pct.items()))
         lines += [f"error: {e}" for e in self.errors[:5]]
         return "\n".join(lines)
+
+
+def _finite(value: object) -> object:
+    """``value`` with every non-finite float (inf, nan) inside dicts and lists replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def percentiles(values: list[float], points: tuple[int, ...] = (50, 90, 99)) -> dict[str, float]:
@@ -278,7 +294,7 @@ def bench_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     print(report.format())
     if args.output_json:
         with open(args.output_json, "w", encoding="utf-8") as f:
-            json.dump(report.to_dict(), f, indent=2, default=str)
+            json.dump(report.to_dict(), f, indent=2, default=str, allow_nan=False)
     return 0 if report.failed == 0 else 1
 
 

@@ -2,20 +2,30 @@
 
 A *victim* streams a completion (token-id prompt, ``output_len`` tokens, greedy) while a prober asks
 ``/health`` every 50 ms. First the victim runs alone (the idle baseline); then, for each attack, a new
-victim starts streaming and the attack is sent once its first token arrived. Attacks (sizes times
-``scale``; 1.0 is the full size):
+victim starts streaming and the attack is sent once its first token arrived. Every attack fits the
+default 4 MiB body limit, so it reaches the checks behind it (sizes times ``scale``; 1.0 is the full
+size; the at-limit attacks are sized to ``max_prompt_chars`` itself, whatever ``scale``):
 
-=================  ==========================================================================
-text-4MB           one completions request with a 4 MB text prompt
-chat-4MB           one chat request with a 4 MB message
-prompts-256x16KB   one completions request with 256 text prompts of 16 KB
-stops-400k-n64     one request with 400,000 stop strings and ``n=64``
-token-ids          one request with as many token ids as fit in the body limit
-=================  ==========================================================================
+=====================  ======================================================================
+text-4MB               one completions request with a 4 MB text prompt
+chat-4MB               one chat request with a 4 MB message
+chat-tools-4MB         a chat whose one tool has a 4 MB JSON schema
+chat-tool-call-id-4MB  a chat whose tool call ``id`` and tool message ``tool_call_id`` are 2 MB each
+chat-fn-name-4MB       a chat whose assistant tool call has a 4 MB function name
+prompts-256x16KB       one completions request with 256 text prompts of 16 KB
+stops-300k-n64         one request with 300,000 stop strings and ``n=64``
+token-ids-1M           one request with 1,000,000 token ids
+text-at-limit          a text prompt of exactly ``max_prompt_chars`` characters (it is tokenized)
+chat-at-limit          a chat message that brings the chat to exactly ``max_prompt_chars``
+=====================  ======================================================================
+
+``max_prompt_chars`` is taken as the server's default, ``PROMPT_CHARS_PER_TOKEN`` x its
+``max_model_len`` (from ``/v1/models``): run the bench against a server with default limits.
 
 Printed per attack: the status it got, the victim's median and worst inter-token gap during the
-attack as ratios to its idle median, and the worst ``/health`` latency. The target is "median gap
-ratio under 2 and /health under 100 ms". It is a benchmark (it prints figures), not a test.
+attack as ratios to its idle median, the worst ``/health`` latency, and whether the attack met the
+target: worst gap at most 2x the idle median and ``/health`` always under 100 ms. It is a benchmark
+(it prints figures), not a test.
 """
 
 from __future__ import annotations
@@ -27,33 +37,72 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["StallResult", "run_stall_bench", "ATTACKS"]
+from atom.entrypoints.limits import PROMPT_CHARS_PER_TOKEN
+
+__all__ = ["StallResult", "run_stall_bench", "ATTACKS", "MAX_GAP_RATIO", "MAX_HEALTH_MS"]
 
 
-def _text_prompt(scale: float, model: str) -> dict[str, Any]:
-    return {"model": model, "prompt": "x" * int(4_000_000 * scale), "max_tokens": 1}
+_MB4 = 4_000_000
 
 
-def _chat_message(scale: float, model: str) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": "y" * int(4_000_000 * scale)}], "max_tokens": 1}
+def _text_prompt(scale: float, model: str, limit: int) -> dict[str, Any]:
+    return {"model": model, "prompt": "x" * int(_MB4 * scale), "max_tokens": 1}
 
 
-def _many_prompts(scale: float, model: str) -> dict[str, Any]:
+def _chat_message(scale: float, model: str, limit: int) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "y" * int(_MB4 * scale)}], "max_tokens": 1}
+
+
+def _chat_tools(scale: float, model: str, limit: int) -> dict[str, Any]:
+    schema = {"type": "object", "properties": {"q": {"type": "string", "description": "t" * int(_MB4 * scale)}}}
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
+
+
+def _call_history(call_id: str, name: str) -> list[dict[str, Any]]:
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+    return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call_id, "content": "ok"}]
+
+
+def _chat_tool_call_id(scale: float, model: str, limit: int) -> dict[str, Any]:
+    return {"model": model, "messages": _call_history("i" * int(_MB4 * scale / 2), "f"), "max_tokens": 1}
+
+
+def _chat_function_name(scale: float, model: str, limit: int) -> dict[str, Any]:
+    return {"model": model, "messages": _call_history("c1", "n" * int(_MB4 * scale)), "max_tokens": 1}
+
+
+def _many_prompts(scale: float, model: str, limit: int) -> dict[str, Any]:
     return {"model": model, "prompt": ["z" * int(16_000 * scale)] * 256, "max_tokens": 1}
 
 
-def _many_stops(scale: float, model: str) -> dict[str, Any]:
+def _many_stops(scale: float, model: str, limit: int) -> dict[str, Any]:
     return {"model": model, "prompt": "stop", "max_tokens": 4, "n": 64,
-            "stop": [f"s{i}" for i in range(int(400_000 * scale))]}
+            "stop": [f"s{i}" for i in range(int(300_000 * scale))]}
 
 
-def _token_ids(scale: float, model: str) -> dict[str, Any]:
-    return {"model": model, "prompt": [65] * int(1_300_000 * scale), "max_tokens": 1}
+def _token_ids(scale: float, model: str, limit: int) -> dict[str, Any]:
+    return {"model": model, "prompt": [65] * int(1_000_000 * scale), "max_tokens": 1}
 
 
-ATTACKS: dict[str, Callable[[float, str], dict[str, Any]]] = {
-    "text-4MB": _text_prompt, "chat-4MB": _chat_message, "prompts-256x16KB": _many_prompts,
-    "stops-400k-n64": _many_stops, "token-ids": _token_ids}
+def _text_at_limit(scale: float, model: str, limit: int) -> dict[str, Any]:
+    return {"model": model, "prompt": "w" * limit, "max_tokens": 1}
+
+
+def _chat_at_limit(scale: float, model: str, limit: int) -> dict[str, Any]:
+    fixed = len("role") + len("user") + len("content")  # every string of messages counts, keys included
+    return {"model": model, "messages": [{"role": "user", "content": "v" * (limit - fixed)}], "max_tokens": 1}
+
+
+ATTACKS: dict[str, Callable[[float, str, int], dict[str, Any]]] = {
+    "text-4MB": _text_prompt, "chat-4MB": _chat_message, "chat-tools-4MB": _chat_tools,
+    "chat-tool-call-id-4MB": _chat_tool_call_id, "chat-fn-name-4MB": _chat_function_name,
+    "prompts-256x16KB": _many_prompts, "stops-300k-n64": _many_stops, "token-ids-1M": _token_ids,
+    "text-at-limit": _text_at_limit, "chat-at-limit": _chat_at_limit}
+
+#: The target every attack must meet: the victim's worst gap over its idle median, /health's worst.
+MAX_GAP_RATIO, MAX_HEALTH_MS = 2.0, 100.0
 
 
 @dataclass(frozen=True)
@@ -65,9 +114,13 @@ class StallResult:
     max_gap_ratio: float
     health_max_ms: float
 
+    @property
+    def meets_target(self) -> bool:
+        return self.max_gap_ratio <= MAX_GAP_RATIO and self.health_max_ms < MAX_HEALTH_MS
+
     def line(self) -> str:
-        return (f"{self.attack:<18} {self.status:>6} {self.body_bytes / 1e6:>8.2f} {self.median_gap_ratio:>10.2f} "
-                f"{self.max_gap_ratio:>9.2f} {self.health_max_ms:>11.1f}")
+        return (f"{self.attack:<22} {self.status:>6} {self.body_bytes / 1e6:>8.2f} {self.median_gap_ratio:>10.2f} "
+                f"{self.max_gap_ratio:>9.2f} {self.health_max_ms:>11.1f}  {'yes' if self.meets_target else 'NO'}")
 
 
 async def _victim(client: Any, base: str, model: str, output_len: int, headers: dict, first: asyncio.Event,
@@ -121,6 +174,12 @@ async def _round(client: Any, base: str, model: str, output_len: int, headers: d
     return stamps, latencies, status, start, end
 
 
+async def _max_model_len(client: Any, base: str, headers: dict) -> int:
+    resp = await client.get(f"{base}/v1/models", headers=headers)
+    resp.raise_for_status()
+    return int(resp.json()["data"][0]["max_model_len"])
+
+
 async def run_stall_bench(base: str, model: str, *, scale: float = 1.0, output_len: int = 64,
                           api_key: str | None = None, timeout: float = 300.0) -> tuple[float, list[StallResult]]:
     """``(idle median inter-token gap in s, one result per attack)``."""
@@ -128,11 +187,12 @@ async def run_stall_bench(base: str, model: str, *, scale: float = 1.0, output_l
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=16), trust_env=False) as client:
+        limit = PROMPT_CHARS_PER_TOKEN * await _max_model_len(client, base, headers)
         stamps, _, _, _, _ = await _round(client, base, model, output_len, headers, None)
         idle = statistics.median(_gaps(stamps))
         results = []
         for name, make in ATTACKS.items():
-            attack = make(scale, model)
+            attack = make(scale, model, limit)
             stamps, latencies, status, start, end = await _round(client, base, model, output_len, headers, attack)
             during = _gaps(stamps, start, max(end, start + 4 * idle)) or _gaps(stamps)
             results.append(StallResult(name, status, len(json.dumps(attack)), statistics.median(during) / idle,
@@ -142,5 +202,6 @@ async def run_stall_bench(base: str, model: str, *, scale: float = 1.0, output_l
 
 def format_stall(idle: float, results: list[StallResult], scale: float) -> str:
     head = (f"stall scenario (sizes x {scale:g}); victim idle median inter-token gap {1000 * idle:.1f} ms\n"
-            f"{'attack':<18} {'status':>6} {'body MB':>8} {'median gap':>10} {'max gap':>9} {'health ms':>11}")
+            f"{'attack':<22} {'status':>6} {'body MB':>8} {'median gap':>10} {'max gap':>9} {'health ms':>11}  "
+            f"target")
     return "\n".join([head, *(r.line() for r in results)])
