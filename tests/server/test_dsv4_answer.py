@@ -46,6 +46,14 @@ def test_text_that_is_not_a_string_is_a_type_error():
         parse_completion(b"a", "chat")
 
 
+
+def test_a_block_of_many_invokes_gives_every_call_in_order():
+    names = [f"f{i}" for i in range(3000)]
+    out = parse_completion(block(*[invoke(n, param("i", str(i), string=False)) for i, n in enumerate(names)]) + EOS,
+                           "chat")
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in out["tool_calls"]] == [
+        (n, f'{{"i": {i}}}') for i, n in enumerate(names)]
+
 # ---- round trip through the encoder ----------------------------------------------------------------------
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
