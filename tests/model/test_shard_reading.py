@@ -17,6 +17,7 @@ from atom.models.deepseek_v4 import loader
 from atom.models.deepseek_v4.checkpoint import INDEX_FILE, read_tensors
 from atom.models.deepseek_v4.loader import CheckpointError, CheckpointIndex, load_checkpoint
 from atom.models.deepseek_v4.make_tiny_checkpoint import main as make_tiny_main
+from atom.models.deepseek_v4.shard_reader import ShardFile, read_header
 
 
 @pytest.fixture
@@ -109,7 +110,8 @@ def _raw_file(path: Path, header: dict, data: bytes) -> None:
      r"the tensors end at byte \d+ but the file has \d+ bytes \(truncated or padded\)"),
     ({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8),
      r"tensor a: shape \[-2\] and data_offsets must be non-negative integers"),
-    ({"a": {"dtype": "F32", "shape": [2]}}, bytes(8), r"the header entry of tensor a needs dtype, shape and data_offsets"),
+    ({"a": {"dtype": "F32", "shape": [2]}}, bytes(8),
+     r"the header entry of tensor a needs dtype, shape and data_offsets"),
 ])
 def test_a_corrupt_header_is_refused_saying_what_is_wrong(tmp_path, header, data, message):
     _raw_file(tmp_path / "model.safetensors", header, data)
@@ -121,3 +123,13 @@ def test_a_header_length_past_the_end_of_the_file_is_refused(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 1000) + b"{}")
     with pytest.raises(CheckpointError, match=r"the header length 1000 exceeds the file \(10 bytes\)"):
         CheckpointIndex(tmp_path)
+
+
+def test_a_file_cut_short_after_its_header_was_read_names_the_tensor_and_the_missing_bytes(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file({"a": torch.arange(4, dtype=torch.float32), "b": torch.ones(8, dtype=torch.float32)}, str(path))
+    (name, entry), = [(n, e) for n, e in read_header(path) if n == "b"]
+    path.write_bytes(path.read_bytes()[:-12])
+    with ShardFile(path) as shard, pytest.raises(
+            CheckpointError, match=r"tensor b in .*model.safetensors is unreadable: the file ends 12 bytes before"):
+        shard.read(name, entry)
