@@ -107,7 +107,7 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
                              speculative_num_tokens=num_spec, graph_mode=mode)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model_cfg.vocab_size}")
-    bm = BlockManager(layout, config.cache)
+    bm = BlockManager(layout, config.cache, mtp_rows=num_spec > 0)  # the MTP layer writes rows only when it drafts
     scheduler = Scheduler(config.scheduler, bm, eos_token_id=tokenizer.eos_token_id,
                           drafter=drafter if drafter is not None else RunnerDrafts())
     name = mc.served_model_name or (Path(path).name if path else "atom-tiny-dsv4")

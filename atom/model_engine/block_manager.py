@@ -74,8 +74,14 @@ class PrefixCounters:
 class BlockManager:
     """Prefix cache + block tables of all requests. Pure Python; the runner never calls it."""
 
-    def __init__(self, layout: KvLayout, cache: CacheConfig, arena: LogicalPageMap | None = None) -> None:
+    def __init__(self, layout: KvLayout, cache: CacheConfig, arena: LogicalPageMap | None = None,
+                 mtp_rows: bool = False) -> None:
+        """``mtp_rows``: the runner writes and reads the MTP layer's rows in the SWA pages (speculative
+        decoding, on a layout that counts the MTP layer); prefix hits then also match the token after
+        each hit block (:class:`SlidingWindowPool`)."""
         spec = layout.spec
+        if mtp_rows and not spec.num_mtp_layers:
+            raise ValueError("mtp_rows=True needs a layout that counts the MTP layer (kv_spec(include_mtp=True))")
         self.block_size = spec.block_size
         if cache.swa_retention_interval % self.block_size:
             raise ValueError(f"swa_retention_interval={cache.swa_retention_interval} must be a multiple "
@@ -89,7 +95,7 @@ class BlockManager:
         self.swa = SlidingWindowPool(self.arena, self.index, layout.max_swa_pages, self.block_size,
                                      spec.sliding_window, spec.tail_blocks, cache,
                                      int(cache.swa_pin_fraction * layout.max_swa_pages), bool(spec.csa_layers),
-                                     self.has_compressed)
+                                     self.has_compressed, mtp_rows)
         self.slots = StatePages(self.arena, spec.request_state_bytes > 0)
         self.comp.pool.on_evict = self.swa.unpin_node
         self.holdings: dict[int, KvHoldings] = {}
@@ -113,7 +119,7 @@ class BlockManager:
         evicted = 0
         while comp + evicted < limit and hashes[comp + evicted] in self.comp.pool.evicted_hashes:
             evicted += 1
-        window, full = self.swa.bounded_hit(chain, comp)
+        window, full = self.swa.bounded_hit(chain, comp, seq.token_ids)
         return PrefixMatch(full, comp, evicted, window), chain
 
     def published_block(self, owner: str, seq: Sequence, j: int) -> int | None:
@@ -383,7 +389,7 @@ class BlockManager:
         if nodes:
             if self.has_compressed:
                 self.comp.publish(h, first, nodes)
-            self.swa.publish_full(h, nodes, first, seq.num_computed_tokens, seq.num_prompt_tokens)
+            self.swa.publish_full(h, nodes, first, seq.num_computed_tokens, seq.num_prompt_tokens, seq.token_ids)
             self.index.ref(nodes[-1])
             self.index.unref(tip)
             h.tip = tip = nodes[-1]

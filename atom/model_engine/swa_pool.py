@@ -24,6 +24,11 @@ Rules (the full statement, with examples, is ``docs/prefix_cache.md``):
   the compressed block with the same hash is evicted (the checkpoint can no longer be reached).
 - ``bounded_hit`` limits a prefix hit to the largest boundary whose trailing window is cached and, on
   models with CSA layers, whose boundary state was captured.
+- With an MTP layer (``mtp_rows``), the MTP row at a block's last position was computed from the token
+  that followed the block in the sequence that published it, which the block's key does not cover. The
+  pool records that token per published block (``next_token``), and ``bounded_hit`` accepts a
+  boundary only where it equals the querying request's token there, so that row is never served to a
+  request whose next token differs (it recomputes from an earlier boundary instead).
 """
 
 from __future__ import annotations
@@ -44,8 +49,11 @@ class SlidingWindowPool:
     """SWA block bookkeeping for all requests. Pure policy over a :class:`BlockPool`."""
 
     def __init__(self, arena: LogicalPageMap, index: PrefixIndex, num_ids: int, block_size: int, window: int,
-                 tail_blocks: int, cache: CacheConfig, max_pins: int, needs_state: bool, has_compressed: bool) -> None:
+                 tail_blocks: int, cache: CacheConfig, max_pins: int, needs_state: bool, has_compressed: bool,
+                 mtp_rows: bool = False) -> None:
         self.pool = BlockPool(SWA, arena, index, num_ids)
+        self.mtp_rows = mtp_rows
+        self.next_token = [-1] * num_ids  # MTP: the token after each published block in its publisher
         self.block_size = block_size
         self.window = window
         self.tail_blocks = tail_blocks
@@ -71,16 +79,19 @@ class SlidingWindowPool:
         return (node.depth + 1) * self.block_size
 
     # ---- prefix hits --------------------------------------------------------------------------
-    def bounded_hit(self, chain: Sequence[PrefixNode], limit: int) -> tuple[int, int]:
+    def bounded_hit(self, chain: Sequence[PrefixNode], limit: int, tokens: Sequence[int] = ()) -> tuple[int, int]:
         """(largest boundary <= ``limit`` whose trailing window blocks are all cached, the same also
         requiring the captured CSA state in the block before it). Both 0 when nothing qualifies
-        (recompute from the start). One pass over the chain."""
-        tail, captured = self.tail_blocks, self.pool.captured
+        (recompute from the start). One pass over the chain. With MTP rows, a boundary ``b`` also
+        needs ``tokens[b * block_size]`` (the querying request's token after it) to be the token its
+        last window block's MTP row was computed with."""
+        tail, captured, b_size = self.tail_blocks, self.pool.captured, self.block_size
+        follows = self.next_token if self.mtp_rows else None
         window_only = with_state = run = 0
         for b in range(1, limit + 1):
             bid = chain[b - 1].swa
             run = run + 1 if bid >= 0 else 0
-            if run >= min(tail, b):
+            if run >= min(tail, b) and (follows is None or follows[bid] == tokens[b * b_size]):
                 window_only = b
                 if not self.needs_state or captured[bid]:
                     with_state = b
@@ -122,9 +133,10 @@ class SlidingWindowPool:
             h.write(SWA, j, [bid], [page])
 
     def publish_full(self, h: KvHoldings, nodes: Sequence[PrefixNode], first_block: int, computed: int,
-                     num_prompt_tokens: int) -> None:
+                     num_prompt_tokens: int, tokens: Sequence[int] = ()) -> None:
         """Publish blocks ``first_block ..`` at ``nodes`` (all rows written, state captured), except
-        those that leave the window now and would not be kept (they are freed at once)."""
+        those that leave the window now and would not be kept (they are freed at once). ``tokens``:
+        the publishing request's tokens (with MTP rows, the token after each block is recorded)."""
         blocks, pool = h.swa.blocks, self.pool
         gone = min(self._window_start(computed), first_block + len(nodes))
         keep = self._kept_indices(h, first_block, gone)
@@ -134,7 +146,11 @@ class SlidingWindowPool:
             if bid < 0 or (j < gone and j not in keep):
                 continue
             pool.captured[bid] = True
-            if pool.publish(bid, node) and self._is_checkpoint(j, num_prompt_tokens):
+            if not pool.publish(bid, node):
+                continue
+            if self.mtp_rows:
+                self.next_token[bid] = tokens[(j + 1) * self.block_size]
+            if self._is_checkpoint(j, num_prompt_tokens):
                 self._pin(bid)
 
     def release_out_of_window(self, h: KvHoldings, computed: int) -> None:
