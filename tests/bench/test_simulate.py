@@ -43,10 +43,10 @@ def spy_on_evictions(monkeypatch: pytest.MonkeyPatch, check) -> list:
         want: list[tuple[int, int, int]] = []
         make_room = bm._make_room
 
-        def spying_make_room(swa: int, comp: int, state: int = 0) -> None:
+        def spying_make_room(swa: int, comp: int, state: int = 0, within_pins: bool = False) -> None:
             want.append((swa, comp, state))
             try:
-                make_room(swa, comp, state)
+                make_room(swa, comp, state, within_pins)
             finally:
                 want.pop()
         bm._make_room = spying_make_room
