@@ -59,7 +59,7 @@ class CheckpointIndex:
         self.directory = Path(directory)
         self.entries: dict[str, TensorEntry] = {}
         self._in_file: dict[Path, list[str]] = {}
-        self._handle: tuple[Path, str, object] | None = None
+        self._handle: tuple[Path, str, safe_open] | None = None
         index = self.directory / INDEX_FILE
         if index.is_file():
             listed = self._weight_map(index)
@@ -116,7 +116,7 @@ class CheckpointIndex:
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"tensor {name} in {entry.file} is unreadable: {e}") from e
 
-    def _open(self, path: Path, device: str):  # -> safe_open handle
+    def _open(self, path: Path, device: str) -> safe_open:
         if self._handle is None or self._handle[:2] != (path, device):
             self._handle = None  # unmap the previous file first
             self._handle = (path, device, safe_open(str(path), framework="pt", device=device))
