@@ -17,7 +17,6 @@ from atom.models.deepseek_v4 import loader
 from atom.models.deepseek_v4.checkpoint import INDEX_FILE, read_tensors
 from atom.models.deepseek_v4.loader import CheckpointError, CheckpointIndex, load_checkpoint
 from atom.models.deepseek_v4.make_tiny_checkpoint import main as make_tiny_main
-from atom.models.deepseek_v4.shard_reader import ShardFile, read_header
 
 
 @pytest.fixture
@@ -126,6 +125,8 @@ def test_a_header_length_past_the_end_of_the_file_is_refused(tmp_path):
 
 
 def test_a_file_cut_short_after_its_header_was_read_names_the_tensor_and_the_missing_bytes(tmp_path):
+    from atom.models.deepseek_v4.shard_reader import ShardFile, read_header  # here: the module is new
+
     path = tmp_path / "model.safetensors"
     save_file({"a": torch.arange(4, dtype=torch.float32), "b": torch.ones(8, dtype=torch.float32)}, str(path))
     (name, entry), = [(n, e) for n, e in read_header(path) if n == "b"]
