@@ -40,6 +40,7 @@ from atom.model_engine.kv_holdings import KvHoldings
 from atom.model_engine.kv_layout import KvLayout
 from atom.model_engine.outputs import NewTables, TableUpdate
 from atom.model_engine.page_map import COMPRESS, STATE, SWA, LogicalPageMap
+from atom.model_engine.pin_guard import longest_fitting_chunk, pinned_prefix_blocks
 from atom.model_engine.prefix_index import PrefixIndex, PrefixNode
 from atom.model_engine.sequence import Sequence
 from atom.model_engine.state_slots import StatePages
@@ -134,17 +135,27 @@ class BlockManager:
     def admit(self, seq: Sequence, max_new: int) -> int:
         """Claim ``seq``'s prefix hit and back its first step of up to ``max_new`` tokens.
 
-        Returns the number of tokens the first step runs, or 0 (changing nothing) when the arena
-        cannot make room for its first pages and its compressor-state page.
+        Returns the number of tokens the first step runs, or 0 (changing nothing: decided before the
+        hit is claimed, as a claim and its release would reorder the LRU and the pins) when the arena
+        cannot make room for its first pages and its compressor-state page. A first chunk that fits
+        only by releasing retention pins is shortened to the longest that fits within them
+        (:mod:`pin_guard`), if any.
         """
         assert seq.seq_id not in self.holdings, f"request {seq.seq_id} admitted twice"
         match, chain = self._match(seq)
-        start = match.blocks * self.block_size
+        start, blocks = match.blocks * self.block_size, match.blocks
         num_new = min(len(seq) - start, max_new)
-        if not self._admission_fits(chain, match.blocks, num_new):
-            return 0  # decided before claiming: a claim and its release would reorder the LRU and the pins
+        claimed = {COMPRESS: [chain[j].comp for j in range(blocks)] if self.has_compressed else [],
+                   SWA: [chain[j].swa for j in range(max(0, blocks - self.swa.tail_blocks), blocks)]}
+        if not self._admission_fits(blocks, num_new, claimed):
+            return 0
+        if self.swa.num_pins:
+            within = {SWA: claimed[SWA],
+                      COMPRESS: pinned_prefix_blocks(self.swa, self.comp.pool).union(claimed[COMPRESS])}
+            num_new = longest_fitting_chunk(start, num_new, self.block_size,
+                                            lambda m: self._admission_fits(blocks, m, within, True)) or num_new
         h = self.holdings[seq.seq_id] = KvHoldings(seq.seq_id, self.updates)
-        self._claim_hit(h, chain, match.blocks)
+        self._claim_hit(h, chain, blocks)
         seq.num_computed_tokens = seq.num_cached_tokens = start
         self.grow(seq, num_new, within_pins=True)
         h.state_fresh = True
@@ -155,29 +166,26 @@ class BlockManager:
             self._set_frontier(seq, h.published_upto, h.published_upto)
         return num_new
 
-    def _admission_fits(self, chain: list[PrefixNode], blocks: int, num_new: int) -> bool:
-        """Whether claiming the hit of ``blocks`` blocks and backing ``num_new`` tokens after it would
-        find room (:meth:`grow` after :meth:`_claim_hit`), decided without claiming anything: the
-        claimed blocks leave the cache, and a pin they carry is no longer releasable."""
+    def _admission_fits(self, blocks: int, num_new: int, claimed: dict[str, Iterable[int]],
+                        keep_pins: bool = False) -> bool:
+        """Whether claiming a hit of ``blocks`` blocks (its ``claimed`` ids) and backing ``num_new``
+        tokens after it would find room (:meth:`grow` after :meth:`_claim_hit`), decided without
+        claiming anything: the claimed blocks leave the cache, and a pin they carry is no longer
+        releasable (:meth:`_room_possible`)."""
         b = self.block_size
         end = blocks * b + num_new
         comp = max(0, -(-end // b) - blocks) if self.has_compressed else 0
         swa = (end - 1) // b - blocks + 1
         state = int(self.slots.has_state)
-        if self.arena.can_alloc(swa, comp, state):
-            return True
-        comp_ids = [chain[j].comp for j in range(blocks)] if self.has_compressed else []
-        swa_ids = [chain[j].swa for j in range(max(0, blocks - self.swa.tail_blocks), blocks)]
-        return self._room_possible(swa, comp, state, {SWA: swa_ids, COMPRESS: comp_ids})
+        return self.arena.can_alloc(swa, comp, state) or self._room_possible(swa, comp, state, claimed, keep_pins)
 
     def chunk_within_pins(self, seq: Sequence, num_new: int) -> int:
         """The prefill chunk of running ``seq`` to run instead of ``num_new`` tokens so that backing it
-        (``grow(..., within_pins=True)``) touches no retention pin: ``num_new`` when it fits so, else
-        the longest chunk ending at a block end that does (by bisection: a longer chunk needs no fewer
-        pages), else the chunk to the end of the current block (the least a step can do; backing it
-        may still release pins, which never starve a live request). A large token budget thus never
-        takes a long prompt in one chunk that unpins, and then evicts, the checkpoints a small budget
-        keeps."""
+        (``grow(..., within_pins=True)``) touches no retention pin (:mod:`pin_guard`): ``num_new`` when
+        it fits so, else the longest chunk ending at a block end that does, else the chunk to the end
+        of the current block (the least a step can do; backing it may still release pins, which never
+        starve a live request). A large token budget thus never takes a long prompt in one chunk that
+        unpins, and then evicts, the checkpoints a small budget keeps."""
         if not self.swa.num_pins:
             return num_new
         h, start, b = self.holdings[seq.seq_id], seq.num_computed_tokens, self.block_size
@@ -189,38 +197,9 @@ class BlockManager:
             state = self.slots.pages_needed(h)
             if self.arena.can_alloc(swa, comp, state):
                 return True
-            protected = self._pin_protected() if protected is None else protected
+            protected = pinned_prefix_blocks(self.swa, self.comp.pool) if protected is None else protected
             return self._room_possible(swa, comp, state, {COMPRESS: protected}, keep_pins=True)
-
-        first = min(num_new, b - start % b)
-        if num_new == first or fits(num_new):
-            return num_new
-        if not fits(first):
-            return first
-        lo, hi = 0, (num_new - first - 1) // b  # candidate k: first + k * b tokens, below num_new
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits(first + mid * b):
-                lo = mid
-            else:
-                hi = mid - 1
-        return first + lo * b
-
-    def _pin_protected(self) -> set[int]:
-        """The cached compressed blocks the retention pins need: each pinned SWA window is reachable
-        only while the compressed blocks of its prefix node and every node before it stay cached
-        (evicting the one at its node would release the pin). One walk up each chain, each node once."""
-        out: set[int] = set()
-        seen: set[int] = set()
-        node_of, comp_pool = self.swa.pool.node, self.comp.pool
-        for bid in self.swa.pinned_ids():
-            node = node_of[bid]
-            while node is not None and id(node) not in seen:
-                seen.add(id(node))
-                if node.comp >= 0 and comp_pool.is_cached(node.comp):
-                    out.add(node.comp)
-                node = node.parent
-        return out
+        return longest_fitting_chunk(start, num_new, b, fits) or min(num_new, b - start % b)
 
     def _claim_hit(self, h: KvHoldings, chain: list[PrefixNode], blocks: int) -> None:
         if self.has_compressed:
@@ -289,7 +268,7 @@ class BlockManager:
         no room. ``spare_only``: use only pages the arena has spare, evicting no cached block and
         releasing no retention pin (speculative drafts are backed this way). ``within_pins``: make the
         room without touching a retention pin when that is possible (prefill chunks, sized by
-        :meth:`chunk_within_pins`), else as usual.
+        :meth:`admit` and :meth:`chunk_within_pins`), else as usual.
 
         Fast path: a step inside one block that is already backed (most decode steps) allocates
         nothing and runs no room check."""
@@ -322,7 +301,7 @@ class BlockManager:
             return
         keep: set[int] | None = None  # compressed blocks not to evict; None: pins may go as usual
         if within_pins and self.swa.num_pins:
-            protected = self._pin_protected()
+            protected = pinned_prefix_blocks(self.swa, self.comp.pool)
             if self._room_possible(swa, comp, state, {COMPRESS: protected}, keep_pins=True):
                 keep = protected
         if keep is None and not self._room_possible(swa, comp, state):
