@@ -139,7 +139,10 @@ class Tokenizer:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ValueError(f"text is not valid Unicode at position {exc.start}: {exc.reason}") from None
-        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        # the batch entry points run without the interpreter lock (``encode`` holds it throughout), so a
+        # long prompt being tokenized on a parse thread does not stall the engine thread's steps
+        batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        return list(batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; ids outside the vocabulary are dropped, broken UTF-8 becomes U+FFFD."""

@@ -35,6 +35,13 @@ from atom.parallel.launch import close_runner, join_launched_ranks, serve_launch
 
 __all__ = ["Server", "load_engine", "serve_from_args", "bind_socket"]
 
+#: The interpreter's thread switch interval in a server process (Python's default is 5 ms). The engine
+#: thread gives up the interpreter lock around every tensor operation of a step; while a parse thread
+#: or the event loop runs Python code (a large body being read or checked), each of those hand-backs
+#: waits up to one interval, so 5 ms turned a few milliseconds of parsing into a step several times
+#: longer. 0.5 ms bounds that wait (``docs/serving.md``, stall scenario).
+SWITCH_INTERVAL_S = 0.0005
+
 #: Seconds after the shutdown deadline that requests, once told to end, get to send their last bytes
 #: before uvicorn cancels what is left.
 _CUT_GRACE_S = 2.0
@@ -156,9 +163,11 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         return 2
     from atom.engine_builder import describe_kv
 
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+
     print(f"atom: {describe_kv(engine.engine.runner.views.layout)}", file=sys.stderr, flush=True)
     metrics = ServerMetrics()
-    server = Server(build_app(engine, api_key=net.api_key, limits=net.limits, metrics=metrics), net, metrics=metrics)
+    server = Server(build_app(engine, api_key=net.api_key, limits=net.limits, metrics=metrics, warm_helpers=True), net, metrics=metrics)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # see the module docstring
     try:
         server.run(sockets=[sock])

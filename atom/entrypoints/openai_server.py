@@ -25,7 +25,8 @@ The guard is plain ASGI middleware (not ``BaseHTTPMiddleware``, which would buff
 hide client disconnects): it checks the key, then reads at most ``max_body_bytes`` of the body
 within ``body_timeout`` and replays it to the app, so an oversized or dribbled body is refused
 without being held. Parsing, validation and tokenization then run in a thread pool
-(``request_parse.py``), never on the event loop.
+(``request_parse.py``), never on the event loop; a large body is decoded and checked in a helper
+process first (``body_precheck.py``), so refusing it never holds this process's interpreter lock.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atom.entrypoints.async_engine import AsyncEngine
+from atom.entrypoints.body_precheck import BodyPrecheck
 from atom.entrypoints.limits import ServerLimits
 from atom.entrypoints.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from atom.entrypoints.protocol import ApiError, ChatCompletionRequest, CompletionRequest, error_body
@@ -180,20 +182,25 @@ async def _unless_gone(gone: "asyncio.Future[None]", work: Awaitable[Any]) -> An
 
 
 def build_app(engine: AsyncEngine, *, api_key: str | None = None, limits: ServerLimits | None = None,
-              metrics: ServerMetrics | None = None) -> Any:
-    """The ASGI app. Its lifespan starts the engine thread and stops it on shutdown."""
+              metrics: ServerMetrics | None = None, warm_helpers: bool = False) -> Any:
+    """The ASGI app. Its lifespan starts the engine thread and stops it on shutdown; with
+    ``warm_helpers`` (``atom serve``) it also starts the body-check processes at once."""
     limits = (limits or ServerLimits()).for_model(engine.max_model_len)
     metrics = metrics or ServerMetrics()
     serving = OpenAIServing(engine, metrics, limits)
     parse_pool = concurrent.futures.ThreadPoolExecutor(limits.parse_threads, thread_name_prefix="atom-parse")
+    precheck = BodyPrecheck(limits, engine.max_model_len)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        if warm_helpers:
+            precheck.warm()
         try:
             yield
         finally:
             parse_pool.shutdown(wait=False, cancel_futures=True)
+            precheck.close()
             await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
 
     app = FastAPI(title="atom", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -216,7 +223,9 @@ def build_app(engine: AsyncEngine, *, api_key: str | None = None, limits: Server
         return _error_response(500, f"internal error: {type(exc).__name__}", code="internal_error")
 
     def parse_and_prepare(raw: bytes, prep_fn: Callable[[Any], Any], body_model: type[BaseModel]) -> Any:
-        return prep_fn(parse_body(raw, body_model, limits, engine.max_model_len))  # on a parse thread
+        """On a parse thread: a large body is checked in the helper process first (body_precheck.py)."""
+        precheck.check(raw, body_model)
+        return prep_fn(parse_body(raw, body_model, limits, engine.max_model_len))
 
     async def respond(request: Request, prep_fn: Callable[[Any], Any], body_model: type[BaseModel]) -> Response:
         """Serve one request: whatever it sends, the answer is a response (4xx for bad input, a JSON 500

@@ -16,6 +16,7 @@ UTF-8/16/32, an integer over Python's digit limit, nesting too deep.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -36,10 +37,11 @@ def parse_body(raw: bytes, model: type[BaseModel], limits: ServerLimits, max_mod
     list of a million integers holds the interpreter lock long enough to delay other clients)."""
     data = _decode(raw)
     _check_sizes(data, limits)
-    _check_prompt_chars(data, "chat" if "messages" in model.model_fields else "completion", limits)
     if max_model_len is not None:
         _check_token_ids(data.get("prompt"), max_model_len)
-    check_unicode(data)
+    _check_prompt_chars(data, "chat" if "messages" in model.model_fields else "completion", limits)
+    if _may_hold_surrogates(raw):
+        check_unicode(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -94,37 +96,51 @@ def _check_token_id_key(key: str) -> None:
                             f"decimal digits (at most {MAX_TOKEN_ID_DIGITS})", param="logit_bias")
 
 
-#: The fields of a raw body whose strings can reach the prompt, per endpoint.
-PROMPT_FIELDS = {"chat": ("messages", "tools"), "completion": ("prompt",)}
+#: The fields of a raw body that can reach the prompt, per endpoint.
+PROMPT_FIELDS = {"chat": ("messages", "tools", "response_format", "tool_choice", "chat_template_kwargs"),
+                 "completion": ("prompt",)}
 
 
-def prompt_chars_raw(data: dict[str, Any], fields: tuple[str, ...], stop_after: int) -> int:
-    """Characters of every string under ``fields`` of the raw body (values and keys, at any depth):
-    for a chat all of ``messages`` and ``tools``, for a completion the text of ``prompt``. Counting
-    stops once the total is over ``stop_after`` (the caller only needs to know that it is)."""
+def prompt_chars_raw(data: dict[str, Any], fields: tuple[str, ...], stop_after: int) -> tuple[int, str | None]:
+    """``(characters, field)``: the characters the values under ``fields`` of the raw body bring to a
+    prompt -- every string's length (keys included, at any depth), and at least one for every other
+    value (a number or ``true`` in a tools schema is written into the prompt too). Token-id prompts
+    count nothing (their length is checked against ``max_model_len``). Counting stops once the total
+    is over ``stop_after``, and ``field`` is then the one whose value crossed it (else None), so the
+    cost is bounded by the limit, not by the body."""
     total = 0
-    stack = [data.get(k) for k in fields]
-    while stack and total <= stop_after:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):
-            total += sum(len(k) for k in item if isinstance(k, str))
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return total
+    for name in fields:
+        root = data.get(name)
+        if root is None or (name == "prompt" and isinstance(root, list) and root and not isinstance(root[0], str)):
+            continue  # absent, or token ids
+        stack = [root]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                total += len(item)
+            elif isinstance(item, dict):
+                total += sum(len(k) for k in item if isinstance(k, str))
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                total += 1
+                stack.extend(item)
+            else:
+                total += 1
+            if total > stop_after:
+                return total, name
+    return total, None
 
 
 def _check_prompt_chars(data: dict[str, Any], kind: str, lim: ServerLimits) -> None:
     """Before validation, templating or tokenization: what reaches the prompt fits ``max_prompt_chars``."""
     limit = lim.max_prompt_chars
     assert limit is not None, "ServerLimits.for_model() resolves max_prompt_chars before serving"
-    if prompt_chars_raw(data, PROMPT_FIELDS[kind], limit) > limit:
-        what = "the messages and tools (every string in them, keys included) have" if kind == "chat" else \
-            "the prompt has"
-        raise ApiError(400, f"{what} more than {limit} characters, the limit of this server (--max-prompt-chars)",
-                       param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
+    _, field = prompt_chars_raw(data, PROMPT_FIELDS[kind], limit)
+    if field is not None:
+        what = ("the chat's messages, tools and response_format (every string in them, keys included)" if kind == "chat"
+                else "the prompt")
+        raise ApiError(400, f"{what} come to more than {limit} characters, the limit of this server "
+                            f"(--max-prompt-chars); {field} crossed it", param=field, code="context_length_exceeded")
 
 
 def _check_token_ids(prompt: Any, max_model_len: int) -> None:
@@ -144,6 +160,15 @@ def _at_most(value: Any, limit: int, param: str, what: str, nested: bool = False
         return  # a single prompt of token ids: its length is checked against max_model_len
     if len(value) > limit:
         raise ApiError(400, f"{len(value)} {what} is over the limit of {limit} per request", param=param)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _may_hold_surrogates(raw: bytes) -> bool:
+    """False when the decoded body cannot hold a lone surrogate: strict UTF-8 cannot encode one, so
+    in a UTF-8 body only a ``\\uD800``-``\\uDFFF`` escape makes one (then the full scan decides)."""
+    return json.detect_encoding(raw) != "utf-8" or _SURROGATE_ESCAPE.search(raw) is not None
 
 
 def check_unicode(data: Any) -> None:

@@ -271,6 +271,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", choices=("load", "stall"), default="load",
                         help="load: the throughput / latency run above; stall: huge requests against a streaming "
                              "client and /health (atom/entrypoints/stall_bench.py) (default: %(default)s)")
+    parser.add_argument("--stall-repeats", type=int, default=3,
+                        help="stall scenario: runs of the idle round and of each attack; the gap ratios "
+                             "printed are medians over them (default: %(default)s)")
     parser.add_argument("--stall-scale", type=float, default=1.0,
                         help="stall scenario: payload sizes times this, in (0, 1] (default: %(default)s)")
 
@@ -303,6 +306,8 @@ def _stall_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
     if not 0 < args.stall_scale <= 1:
         parser.error(f"--stall-scale {args.stall_scale} must be in (0, 1]")
+    if not 1 <= args.stall_repeats <= 20:
+        parser.error(f"--stall-repeats {args.stall_repeats} must be in 1..20")
 
     async def run() -> tuple:
         import httpx
@@ -311,12 +316,13 @@ def _stall_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         async with httpx.AsyncClient(timeout=cfg.timeout_s, trust_env=False) as client:
             model = cfg.model or await _first_model(client, cfg.base_url.rstrip("/"), headers)
         return await run_stall_bench(cfg.base_url.rstrip("/"), model, scale=args.stall_scale,
-                                     output_len=cfg.output_len, api_key=cfg.api_key, timeout=cfg.timeout_s)
+                                     output_len=cfg.output_len, api_key=cfg.api_key, timeout=cfg.timeout_s,
+                                     repeats=args.stall_repeats)
 
     try:
         idle, results = asyncio.run(run())
     except ValueError as exc:
         print(f"atom bench serve: error: {exc}", file=sys.stderr)
         return 1
-    print(format_stall(idle, results, args.stall_scale))
+    print(format_stall(idle, results, args.stall_scale, args.stall_repeats))
     return 0

@@ -7,6 +7,7 @@ default 4 MiB body limit, so it reaches the checks behind it (sizes times ``scal
 size; the at-limit attacks are sized to ``max_prompt_chars`` itself, whatever ``scale``):
 
 =====================  ======================================================================
+control-tiny-400       a tiny request refused at once (``max_tokens: 0``): the gaps' noise floor
 text-4MB               one completions request with a 4 MB text prompt
 chat-4MB               one chat request with a 4 MB message
 chat-tools-4MB         a chat whose one tool has a 4 MB JSON schema
@@ -24,7 +25,8 @@ chat-at-limit          a chat message that brings the chat to exactly ``max_prom
 
 Printed per attack: the status it got, the victim's median and worst inter-token gap during the
 attack as ratios to its idle median, the worst ``/health`` latency, and whether the attack met the
-target: worst gap at most 2x the idle median and ``/health`` always under 100 ms. It is a benchmark
+target: worst gap at most 2x the idle median and ``/health`` always under 100 ms. With ``repeats``
+runs per attack the gap ratios are medians over the runs (see :func:`run_stall_bench`). It is a benchmark
 (it prints figures), not a test.
 """
 
@@ -43,6 +45,10 @@ __all__ = ["StallResult", "run_stall_bench", "ATTACKS", "MAX_GAP_RATIO", "MAX_HE
 
 
 _MB4 = 4_000_000
+
+
+def _control(scale: float, model: str, limit: int) -> dict[str, Any]:
+    return {"model": model, "prompt": "x", "max_tokens": 0}  # a tiny request refused at once: the noise floor
 
 
 def _text_prompt(scale: float, model: str, limit: int) -> dict[str, Any]:
@@ -91,12 +97,12 @@ def _text_at_limit(scale: float, model: str, limit: int) -> dict[str, Any]:
 
 
 def _chat_at_limit(scale: float, model: str, limit: int) -> dict[str, Any]:
-    fixed = len("role") + len("user") + len("content")  # every string of messages counts, keys included
+    fixed = 1 + len("role") + len("user") + len("content")  # the list, and every string of it, keys included
     return {"model": model, "messages": [{"role": "user", "content": "v" * (limit - fixed)}], "max_tokens": 1}
 
 
 ATTACKS: dict[str, Callable[[float, str, int], dict[str, Any]]] = {
-    "text-4MB": _text_prompt, "chat-4MB": _chat_message, "chat-tools-4MB": _chat_tools,
+    "control-tiny-400": _control, "text-4MB": _text_prompt, "chat-4MB": _chat_message, "chat-tools-4MB": _chat_tools,
     "chat-tool-call-id-4MB": _chat_tool_call_id, "chat-fn-name-4MB": _chat_function_name,
     "prompts-256x16KB": _many_prompts, "stops-300k-n64": _many_stops, "token-ids-1M": _token_ids,
     "text-at-limit": _text_at_limit, "chat-at-limit": _chat_at_limit}
@@ -181,27 +187,42 @@ async def _max_model_len(client: Any, base: str, headers: dict) -> int:
 
 
 async def run_stall_bench(base: str, model: str, *, scale: float = 1.0, output_len: int = 64,
-                          api_key: str | None = None, timeout: float = 300.0) -> tuple[float, list[StallResult]]:
-    """``(idle median inter-token gap in s, one result per attack)``."""
+                          api_key: str | None = None, timeout: float = 300.0,
+                          repeats: int = 1) -> tuple[float, list[StallResult]]:
+    """``(idle median inter-token gap in s, one result per attack)``. With ``repeats`` > 1 the idle
+    round and each attack run that many times: the idle median pools every idle gap, an attack's
+    ratios are the medians over its runs and its ``/health`` figure the worst of them (on a shared
+    machine one run's worst gap is mostly other processes' noise; the control row shows its size)."""
     import httpx
 
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=16), trust_env=False) as client:
         limit = PROMPT_CHARS_PER_TOKEN * await _max_model_len(client, base, headers)
-        stamps, _, _, _, _ = await _round(client, base, model, output_len, headers, None)
-        idle = statistics.median(_gaps(stamps))
+        idle_gaps: list[float] = []
+        for _ in range(repeats):
+            stamps, _, _, _, _ = await _round(client, base, model, output_len, headers, None)
+            idle_gaps += _gaps(stamps)
+        idle = statistics.median(idle_gaps)
         results = []
         for name, make in ATTACKS.items():
             attack = make(scale, model, limit)
-            stamps, latencies, status, start, end = await _round(client, base, model, output_len, headers, attack)
-            during = _gaps(stamps, start, max(end, start + 4 * idle)) or _gaps(stamps)
-            results.append(StallResult(name, status, len(json.dumps(attack)), statistics.median(during) / idle,
-                                       max(during) / idle, 1000 * max(latencies)))
+            runs = []
+            for _ in range(repeats):
+                stamps, latencies, status, start, end = await _round(client, base, model, output_len, headers,
+                                                                     attack)
+                during = _gaps(stamps, start, max(end, start + 4 * idle)) or _gaps(stamps)
+                runs.append((status, statistics.median(during) / idle, max(during) / idle, 1000 * max(latencies)))
+            results.append(StallResult(name, runs[-1][0], len(json.dumps(attack)),
+                                       statistics.median(r[1] for r in runs), statistics.median(r[2] for r in runs),
+                                       max(r[3] for r in runs)))
     return idle, results
 
 
-def format_stall(idle: float, results: list[StallResult], scale: float) -> str:
-    head = (f"stall scenario (sizes x {scale:g}); victim idle median inter-token gap {1000 * idle:.1f} ms\n"
+def format_stall(idle: float, results: list[StallResult], scale: float, repeats: int = 1) -> str:
+    runs = f", median of {repeats} runs each" if repeats > 1 else ""
+    head = (f"stall scenario (sizes x {scale:g}{runs}); victim idle median inter-token gap {1000 * idle:.1f} ms\n"
             f"{'attack':<22} {'status':>6} {'body MB':>8} {'median gap':>10} {'max gap':>9} {'health ms':>11}  "
             f"target")
     return "\n".join([head, *(r.line() for r in results)])

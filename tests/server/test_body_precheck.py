@@ -1,0 +1,65 @@
+"""A large body is decoded and checked in the helper process: its refusal is parse_body's own, and
+while it is being checked this process's other threads keep running."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from atom.builtin_model import BUILTIN_MODEL_NAME as MODEL
+from atom.entrypoints.body_precheck import PRECHECK_BYTES, BodyPrecheck
+from atom.entrypoints.limits import ServerLimits
+from atom.entrypoints.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+
+LIMITS = ServerLimits().for_model(4096)
+
+
+@pytest.fixture(scope="module")
+def precheck():
+    checker = BodyPrecheck(LIMITS, 4096)
+    yield checker
+    checker.close()
+
+
+def test_a_million_token_ids_are_refused_with_parse_bodys_error(precheck):
+    body = json.dumps({"model": MODEL, "prompt": [65] * 1_000_000}).encode()
+    with pytest.raises(ApiError) as info:
+        precheck.check(body, CompletionRequest)
+    assert info.value.status == 400 and info.value.code == "context_length_exceeded"
+    assert info.value.param == "prompt" and "1000000 tokens" in info.value.message
+
+
+def test_a_large_body_that_passes_every_limit_passes_and_a_small_one_is_not_sent(precheck):
+    ok = json.dumps({"model": MODEL, "prompt": [[65] * 4000] * 60}).encode()
+    assert len(ok) >= PRECHECK_BYTES
+    assert precheck.check(ok, CompletionRequest) is None
+    small_but_bad = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}).encode()
+    assert precheck.check(small_but_bad, ChatCompletionRequest) is None  # left to the in-process parse
+
+
+def test_other_threads_keep_the_interpreter_while_a_large_body_is_checked(precheck):
+    body = json.dumps({"model": MODEL, "prompt": "s", "stop": [f"s{i}" for i in range(300_000)]}).encode()
+    with pytest.raises(ApiError):
+        precheck.check(body, CompletionRequest)  # the helper is warm from here on
+    ticks, stop = [0], threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        start = time.perf_counter()
+        with pytest.raises(ApiError) as info:
+            precheck.check(body, CompletionRequest)
+        busy, during = time.perf_counter() - start, ticks[0]
+        time.sleep(busy)
+        alone = ticks[0] - during
+    finally:
+        stop.set()
+        spinner.join()
+    assert info.value.param == "stop"
+    # decoding in this process would hold the lock: the spinner would get almost nothing done
+    assert during > 0.5 * alone, (during, alone)
