@@ -63,3 +63,34 @@ def test_right_drafts_in_a_full_arena_still_speed_decoding_up_without_preempting
     steps, preempted, spec_outputs, sched = run(3, outputs=outputs, shift=0)
     assert spec_outputs == outputs and preempted == 0
     assert sched.spec.accepted == sched.spec.proposed > 0 and steps < 40
+
+
+def test_growth_for_drafts_takes_free_pages_only_and_evicts_nothing(harness):
+    # a finished request leaves cached blocks and pins; a running one then grows block by block with
+    # spare_only until the free pages run out: that growth is refused and no cached block or pin moves,
+    # while the same growth without spare_only evicts to make its room
+    from atom.model_engine.chunk_arena import ArenaEmpty
+
+    h = harness(num_chunks=12, full_retain=True, interval=32, budget=32, max_model_len=512)
+    h.add([(7 * i + 3) % 997 + 1 for i in range(100)], max_tokens=2)
+    h.run()
+    seq = h.add([(11 * i + 5) % 997 + 1 for i in range(300)], max_tokens=2)
+    h.step()
+    bm = h.bm
+
+    def cache_state():
+        return (list(bm.swa.pool._cached), list(bm.comp.pool._cached), bm.swa.pinned_ids(),
+                bm.swa.pool.num_evictions + bm.comp.pool.num_evictions)
+    before = cache_state()
+    assert bm.swa.num_pins > 0 and bm.swa.pool.num_cached() > 0 and bm.comp.pool.num_cached() > 0
+    n = 32
+    while True:  # the whole run of tokens the free pages back
+        try:
+            bm.grow(seq, n + 16, spare_only=True)
+        except ArenaEmpty as refused:
+            assert "no spare room" in str(refused)
+            break
+        n += 16
+    assert cache_state() == before
+    bm.grow(seq, n + 16)
+    assert cache_state()[3] > before[3]
