@@ -23,8 +23,9 @@ recently used cached block (chunk-aware); if it has none, reclaim a whole chunk 
 owner's cache; then release the least recently used retention pin (so pins never starve live
 requests). Nothing is evicted unless it helps: a chunk is reclaimed only when every used page of it is cached,
 and only from an arena that lends between owners. Growth ``within_pins`` (prefill chunks, sized by
-:meth:`BlockManager.chunk_within_pins`) skips the compressed blocks pinned windows need and releases
-no pin whenever the room can be made so; ``spare_only`` growth (speculative drafts) evicts nothing. (``arena`` may be injected: the trace simulator
+:meth:`BlockManager.admit` and :meth:`BlockManager.chunk_within_pins`) skips the compressed blocks
+pinned windows need and releases no pin whenever the room can be made so; ``spare_only`` growth
+(speculative drafts) evicts nothing. (``arena`` may be injected: the trace simulator
 runs the same block manager over a fixed split or an ATOM-style arena to compare them.)
 """
 
