@@ -14,6 +14,8 @@ from typing import Iterable, Iterator
 
 import torch
 
+from .tiles import tiles_for
+
 try:  # triton is optional: the torch references must work without it.
     import triton
     import triton.language as tl
@@ -179,14 +181,11 @@ def check_swa_geometry(block_size: int, row_stride: int) -> None:
 
 
 def launch_tiles(device: torch.device, width: int) -> tuple[int, int]:
-    """(rows per program, width tile) for a row-copy kernel.
-
-    The interpreter pays ~1 ms per program, so on CPU one program takes many wide rows; on a GPU a
-    program copies 16 rows in tiles of at most 512 elements to keep registers low.
-    """
-    if device.type == "cpu":
-        return 64, min(next_pow2(width), 4096)
-    return 16, min(next_pow2(width), 512)
+    """(rows per program, width tile) for a row-copy kernel, from the ``copy_*`` entries of
+    :mod:`atom.kernels.tiles` (the interpreter takes many wide rows per program; a GPU fewer, narrower ones
+    to keep registers low)."""
+    t = tiles_for(device)
+    return t.copy_rows, min(next_pow2(width), t.copy_width)
 
 
 if HAS_TRITON:

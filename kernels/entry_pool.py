@@ -21,6 +21,7 @@ import torch
 
 from ._common import HAS_TRITON, check_index, check_positive, check_rows, check_same_device, next_pow2, \
     require_triton, triton, tl
+from .tiles import tiles_for
 
 __all__ = ["entry_pool", "entry_pool_ref"]
 
@@ -117,7 +118,7 @@ def entry_pool(kv: torch.Tensor, score: torch.Tensor, ring_kv: torch.Tensor, rin
     out = torch.empty(num_entries, width, dtype=torch.float32, device=kv.device)
     if num_entries == 0:
         return out
-    bw = min(next_pow2(width), 64 if kv.device.type != "cpu" else 4096)
+    bw = min(next_pow2(width), tiles_for(kv.device).entry_pool_width)
     grid = (num_entries, triton.cdiv(width, bw))
     _entry_pool_kernel[grid](kv, score, ring_kv, ring_score, fresh_row, ring_row, col, out, num_rows, width,
                              ring_kv.shape[1], kv.stride(0), ring_kv.stride(0), ring_kv.stride(1), out.stride(0),

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from ._common import HAS_TRITON, check_positive, check_rows, next_pow2, require_triton, triton, tl
+from .tiles import tiles_for
 from .quant_formats import check_row_encode, pow2_float, pow2_scale_exponent
 
 if HAS_TRITON:
@@ -197,7 +198,7 @@ def fp8_ds_mla_quantize(x: torch.Tensor, out: torch.Tensor | None = None, *,
     if x.shape[0] == 0:
         return out
     pad = layout.row_bytes - layout.scale_off - layout.n_scales
-    block_r = 16 if x.is_cuda else 64
+    block_r = tiles_for(x.device).codec_rows
     _quant_kernel[(triton.cdiv(x.shape[0], block_r),)](
         x, out, x.shape[0], x.stride(0), out.stride(0), NOPE=layout.nope, ROPE=layout.rope, QBLOCK=layout.qblock,
         PAD=pad, PAD_P2=next_pow2(pad), BLOCK_R=block_r, X_IS_BF16=x.dtype == torch.bfloat16)
@@ -214,7 +215,7 @@ def fp8_ds_mla_dequantize(rows: torch.Tensor, *, out_dtype: torch.dtype = torch.
     out = torch.empty(rows.shape[0], layout.dim, dtype=out_dtype, device=rows.device)
     if rows.shape[0] == 0:
         return out
-    block_r = 16 if rows.is_cuda else 64
+    block_r = tiles_for(rows.device).codec_rows
     _dequant_kernel[(triton.cdiv(rows.shape[0], block_r),)](
         rows, out, rows.shape[0], rows.stride(0), out.stride(0), NOPE=layout.nope, ROPE=layout.rope,
         QBLOCK=layout.qblock, BLOCK_R=block_r)

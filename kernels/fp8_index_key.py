@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from ._common import HAS_TRITON, check_positive, check_rows, next_pow2, require_triton, triton, tl
+from .tiles import tiles_for
 from .quant_formats import check_row_encode, pow2_float, pow2_scale_exponent
 
 __all__ = ["Fp8IndexKeyLayout", "DSV4_INDEX_LAYOUT", "fp8_index_key_quantize", "fp8_index_key_quantize_ref",
@@ -129,7 +130,7 @@ def fp8_index_key_quantize(x: torch.Tensor, out: torch.Tensor | None = None, *,
     require_triton("fp8_index_key_quantize")
     if x.shape[0] == 0:
         return out
-    block_r = 16 if x.is_cuda else 64
+    block_r = tiles_for(x.device).codec_rows
     _quant_kernel[(triton.cdiv(x.shape[0], block_r),)](x, out, x.shape[0], x.stride(0), out.stride(0),
                                                        DIM=layout.dim, BLOCK_R=block_r, BLOCK_D=next_pow2(layout.dim))
     return out
@@ -142,7 +143,7 @@ def fp8_index_key_dequantize(rows: torch.Tensor, *, layout: Fp8IndexKeyLayout = 
     out = torch.empty(rows.shape[0], layout.dim, dtype=torch.float32, device=rows.device)
     if rows.shape[0] == 0:
         return out
-    block_r = 16 if rows.is_cuda else 64
+    block_r = tiles_for(rows.device).codec_rows
     _dequant_kernel[(triton.cdiv(rows.shape[0], block_r),)](rows, out, rows.shape[0], rows.stride(0), out.stride(0),
                                                             DIM=layout.dim, BLOCK_R=block_r,
                                                             BLOCK_D=next_pow2(layout.dim))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ._common import HAS_TRITON, check_positive, check_rows, require_triton, triton, tl
+from .tiles import tiles_for
 
 __all__ = ["hc_sinkhorn", "hc_sinkhorn_ref"]
 
@@ -72,7 +73,7 @@ def hc_sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     x = comb.contiguous()
     out = torch.empty_like(x)
     if x.shape[0]:
-        block = 16
+        block = tiles_for(x.device).sinkhorn_tokens
         _hc_sinkhorn_kernel[(triton.cdiv(x.shape[0], block),)](x, out, x.shape[0], iters, eps, HC=hc, BLOCK_T=block)
     return out
 

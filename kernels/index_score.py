@@ -19,6 +19,7 @@ import torch
 
 from ._common import (HAS_TRITON, VALUE_DTYPES, check_index, check_range, check_rows, check_same_device, next_pow2,
                       require_triton, triton, tl)
+from .tiles import tiles_for
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, decode_rows_ref, row_width
 
 __all__ = ["index_score", "index_score_ref"]
@@ -91,7 +92,7 @@ def index_score(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, key_id
     out = torch.empty(key_idx.shape, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out
-    block_n = 32 if q.is_cuda else 64
+    block_n = tiles_for(q.device).score_rows
     fmt = {k: v for k, v in codec_constexprs(codec).items() if k in ("FMT", "NOPE", "ROPE", "QBLOCK")}
     grid = (num_tokens, triton.cdiv(key_idx.shape[1], block_n))
     _index_score_kernel[grid](q, w, key_rows, key_idx, out, heads, dim, key_idx.shape[1], q.stride(0), q.stride(1),

@@ -29,6 +29,7 @@ import torch
 from ._common import (HAS_TRITON, check_comp_geometry, check_index, check_positive, check_range,
                       check_same_device, check_swa_geometry, compressed_row, next_pow2, require_triton, triton, tl,
                       value_checks_enabled)
+from .tiles import tiles_for
 
 __all__ = ["build_window_index", "build_window_index_ref", "build_comp_index", "build_comp_index_ref"]
 
@@ -179,8 +180,10 @@ if HAS_TRITON:
         tl.store(out_ptr + t[:, None].to(tl.int64) * width + w[None, :], row, mask=inside)
 
 
-def _token_tile(device: torch.device) -> int:
-    return 64 if device.type == "cpu" else 16
+def _tiles(device: torch.device, width: int) -> tuple[int, int]:
+    """(tokens per program, index tile) from :mod:`atom.kernels.tiles`."""
+    t = tiles_for(device)
+    return t.index_tokens, min(next_pow2(width), t.index_width)
 
 
 def build_window_index(swa_table: torch.Tensor, seq_idx: torch.Tensor, positions: torch.Tensor, *, window: int,
@@ -199,8 +202,7 @@ def build_window_index(swa_table: torch.Tensor, seq_idx: torch.Tensor, positions
     out = torch.empty(num_tokens, window, dtype=torch.int32, device=seq_idx.device)
     if num_tokens == 0:
         return out
-    bt = _token_tile(seq_idx.device)
-    bk = min(next_pow2(window), 1024 if seq_idx.device.type == "cpu" else 128)
+    bt, bk = _tiles(seq_idx.device, window)
     _window_kernel[(triton.cdiv(num_tokens, bt),)](out, swa_table, seq_idx, positions, num_tokens,
                                                    swa_table.stride(0), window, block_size, row_stride,
                                                    BLOCK_T=bt, BLOCK_K=bk)
@@ -225,8 +227,7 @@ def build_comp_index(comp_table: torch.Tensor, seq_idx: torch.Tensor, positions:
     out = torch.empty(num_tokens, width, dtype=torch.int32, device=seq_idx.device)
     if num_tokens == 0 or width == 0:
         return out
-    bt = _token_tile(seq_idx.device)
-    bk = min(next_pow2(width), 1024 if seq_idx.device.type == "cpu" else 128)
+    bt, bk = _tiles(seq_idx.device, width)
     grid = (triton.cdiv(num_tokens, bt), triton.cdiv(width, bk))
     _comp_kernel[grid](out, comp_table, seq_idx, positions, seq_idx if topk is None else topk, num_tokens, width,
                        comp_table.stride(0), 0 if topk is None else topk.stride(0), ratio, entries_per_block,

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import HAS_TRITON, VALUE_DTYPES, check_rows, check_same_device, triton, tl
+from .tiles import tiles_for
 
 __all__ = ["FP8_BLOCK", "FP4_GROUP", "E2M1_VALUES", "e8m0_to_float", "unpack_fp4", "check_fp8_weight",
            "check_mxfp4_weight", "dequantize_fp8_rows", "dequantize_mxfp4_rows", "gemm_by_row_tiles",
@@ -118,7 +119,8 @@ def gemm_tiles(m: int, device: torch.device) -> tuple[int, int, int]:
     """``(BM, BN, BK)`` of the quantized GEMM kernels: small M tiles for decode-sized batches; ``BN`` and
     ``BK`` divide 128 (one FP8 scale per tile). The interpreter pays per program: fewer, wider tiles."""
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-    return (bm, 128, 128) if device.type == "cpu" else (bm, 64, 128)
+    t = tiles_for(device)
+    return bm, t.gemm_bn, t.gemm_bk
 
 
 def check_gemm_operands(name: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,

@@ -27,6 +27,7 @@ import torch
 
 from ._common import (HAS_TRITON, VALUE_DTYPES, check_index, check_range, check_rows, check_same_device, next_pow2,
                       require_triton, triton, tl, value_checks_enabled)
+from .tiles import tiles_for
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, decode_rows_ref, row_width
 
 __all__ = ["sparse_attention", "sparse_attention_ref"]
@@ -158,7 +159,8 @@ def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: tor
         return out
     has_comp = comp_rows is not None and comp_idx.shape[1] > 0
     crows, cidx = (comp_rows, comp_idx) if has_comp else (window_rows, window_idx)
-    block_h = max(16, min(next_pow2(heads), 16 if q.is_cuda else 64))
+    tiles = tiles_for(q.device)
+    block_h = max(16, min(next_pow2(heads), tiles.attn_heads))
     block_d = max(16, next_pow2(dim))
     grid = (num_tokens, triton.cdiv(heads, block_h))
     fmt = {k: v for k, v in codec_constexprs(codec).items() if k in ("FMT", "NOPE", "ROPE", "QBLOCK")}
@@ -166,5 +168,5 @@ def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: tor
                                    window_idx.shape[1], cidx.shape[1], q.stride(0), q.stride(1),
                                    out.stride(0), out.stride(1), window_rows.stride(0), crows.stride(0),
                                    scale, HAS_COMP=has_comp, BLOCK_H=block_h,
-                                   BLOCK_N=32 if q.is_cuda else 64, BLOCK_D=block_d, **fmt)
+                                   BLOCK_N=tiles.attn_rows, BLOCK_D=block_d, **fmt)
     return out
