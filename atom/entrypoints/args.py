@@ -149,8 +149,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 _LIMIT_FLAGS = (
     ("--max-body-bytes", "max_body_bytes", _size_arg, "largest request body (413 beyond)"),
     ("--max-prompt-chars", "max_prompt_chars", _positive_int, "characters of a request's text prompts, or of "
-                                                              "every string of a chat's messages and tools, "
-                                                              "checked before templating or tokenizing"),
+                                                              "what a chat brings to its prompt (messages, tools, "
+                                                              "response_format, ...), checked before templating "
+                                                              "or tokenizing"),
     ("--max-prompts", "max_prompts", _positive_int, "prompts in one completions request"),
     ("--max-messages", "max_messages", _positive_int, "messages in one chat request"),
     ("--max-stop-strings", "max_stop_strings", _positive_int, "stop strings per request"),
