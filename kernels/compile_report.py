@@ -1,0 +1,290 @@
+"""Offline compile report: every Triton kernel variant the engine launches, compiled for GPU targets
+without their device, with what the compiler says about registers, spills, shared memory, occupancy
+and tensor-core use.
+
+    python -m atom.kernels.compile_report --targets sm90,gfx942,gfx950 [--model flash|pro]
+
+How it works: each kernel's own wrapper is called on small CPU tensors of the engine's launch shapes
+(widths, heads and index widths from the model's published ``config.json``; few rows, since row counts
+are runtime arguments) inside :func:`~atom.kernels.tiles.target_family`, so it picks the target's tiles;
+the launch is captured instead of run, specialised exactly as Triton's launcher would, and compiled with
+``triton.compile`` for the target (:mod:`atom.kernels.compile_stats` reads the results). Must run
+without ``TRITON_INTERPRET`` (the interpreter has no compiler).
+
+The last line is ``spill_bytes_max=<int> no_tensor_core=<int> smem_over=<int>``: the largest spill of
+any variant; the attention, indexer, GEMM and MoE variants that have no bf16 / fp8 tensor-core
+instruction or any fp32-operand one; and the variants over the shared-memory limit plus those
+attention / indexer / GEMM / MoE variants with fewer than 2 blocks per SM / CU. Over all targets and
+models of the run. See docs/kernels.md for how to read the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from atom.config import load_hf_config, preset_path
+from atom.kv_group import CSA_OVERLAP_ROWS, CSA_RATIO, CSA_STATE_RING
+
+from ._common import HAS_TRITON, value_checks_off
+from .compile_stats import HW_TARGETS, HwTarget, KernelStats, kernel_stats
+from .fp8_ds_mla import Fp8DsMlaLayout
+from .fp8_index_key import Fp8IndexKeyLayout
+from .tiles import target_family
+
+__all__ = ["MODELS", "Geometry", "Variant", "variants", "compile_variant", "main"]
+
+MODELS = {"flash": "deepseek_v4_flash", "pro": "deepseek_v4_pro"}
+HW_FAMILIES = ("attention", "indexer", "gemm", "moe")  # must use tensor cores and keep 2 blocks per SM / CU
+DECODE_TOKENS = 64  # the decode batch the report compiles at (M of the GEMMs besides M = 1)
+ROWS = 256  # rows of every arena view and state pool (a runtime argument: it does not change the code)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The launch shapes of one model, read from its published ``config.json``."""
+
+    model: str
+    heads: int
+    head_dim: int
+    rope_dim: int
+    window: int
+    index_heads: int
+    index_dim: int
+    index_topk: int
+    hidden: int
+    q_lora: int
+    moe_inter: int
+    hc: int
+    hca_ratio: int
+
+    @classmethod
+    def from_preset(cls, model: str) -> "Geometry":
+        if model not in MODELS:
+            raise ValueError(f"model {model!r}; accepted: {', '.join(MODELS)}")
+        d = load_hf_config(preset_path(MODELS[model]))
+        ratios = [r for r in d["compress_ratios"] if r and r != CSA_RATIO]
+        return cls(model, d["num_attention_heads"], d["head_dim"], d["qk_rope_head_dim"], d["sliding_window"],
+                   d["index_n_heads"], d["index_head_dim"], d["index_topk"], d["hidden_size"], d["q_lora_rank"],
+                   d["moe_intermediate_size"], d["hc_mult"], max(ratios))
+
+    @property
+    def row_codec(self) -> Fp8DsMlaLayout:
+        return Fp8DsMlaLayout(nope=self.head_dim - self.rope_dim, rope=self.rope_dim, qblock=64)
+
+    @property
+    def key_codec(self) -> Fp8IndexKeyLayout:
+        return Fp8IndexKeyLayout(dim=self.index_dim)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One launch of one wrapper: ``launch()`` calls the wrapper (its kernels are captured, not run)."""
+
+    family: str
+    name: str
+    launch: Callable[[], object]
+
+
+def _i32(*shape: int, fill: int = 0) -> torch.Tensor:
+    return torch.full(shape, fill, dtype=torch.int32)
+
+
+def _f32(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.float32)
+
+
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.bfloat16)
+
+
+def _u8(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.uint8)
+
+
+def variants(g: Geometry) -> list[Variant]:
+    """Every kernel variant the engine launches at ``g``'s shapes (decode batch :data:`DECODE_TOKENS`)."""
+    from . import (compressed_write, compressor_state, entry_pool, fp8_ds_mla, fp8_gemm, fp8_index_key, hc_sinkhorn,
+                   hca_state, index_score, mxfp4_gemm, paged_index, sparse_attention, swa_write)
+    t, rc, kc = DECODE_TOKENS, g.row_codec, g.key_codec
+    seqs, cu, start = _i32(t), torch.arange(t + 1, dtype=torch.int32), _i32(t)
+    main_rows, key_rows = _u8(ROWS, rc.row_bytes), _u8(ROWS, kc.row_bytes)
+    table, comp_geo = _i32(t, 4), dict(entries_per_block=32, pages_per_chunk=1, chunk_rows=32)
+    q, win = _bf16(t, g.heads, g.head_dim), _i32(t, g.window)
+    comp_idx = _i32(t, g.index_topk)
+    sink = _f32(g.heads)
+    out: list[Variant] = []
+
+    def add(family: str, name: str, fn: Callable[[], object]) -> None:
+        out.append(Variant(family, name, fn))
+
+    scale = float(g.head_dim) ** -0.5
+    add("attention", f"sparse_attention fp8_ds_mla swa H={g.heads}", lambda: sparse_attention.sparse_attention(
+        q, main_rows, win, None, None, sink, scale=scale, codec=rc))
+    add("attention", f"sparse_attention fp8_ds_mla swa+comp H={g.heads}", lambda: sparse_attention.sparse_attention(
+        q, main_rows, win, main_rows, comp_idx, sink, scale=scale, codec=rc))
+    add("attention", f"sparse_attention bf16 swa+comp H={g.heads}", lambda: sparse_attention.sparse_attention(
+        q, _bf16(ROWS, g.head_dim), win, _bf16(ROWS, g.head_dim), comp_idx, sink, scale=scale))
+    iq, iw = _bf16(t, g.index_heads, g.index_dim), _bf16(t, g.index_heads)
+    add("indexer", f"index_score fp8 keys H={g.index_heads}", lambda: index_score.index_score(
+        iq, iw, key_rows, _i32(t, 4096), codec=kc))
+    add("indexer", f"index_score bf16 keys H={g.index_heads}", lambda: index_score.index_score(
+        iq, iw, _bf16(ROWS, g.index_dim), _i32(t, 4096)))
+    qkv = g.heads * g.head_dim
+    for m in (1, t):
+        add("gemm", f"fp8_block_gemm wq_b M={m} N={qkv} K={g.q_lora}", lambda m=m: fp8_gemm.fp8_block_gemm(
+            _bf16(m, g.q_lora), torch.zeros(qkv, g.q_lora, dtype=torch.float8_e4m3fn),
+            torch.zeros(qkv // 128, g.q_lora // 128, dtype=torch.float8_e8m0fnu)))
+        add("moe", f"mxfp4_gemm expert w1 M={m} N={g.moe_inter} K={g.hidden}", lambda m=m: mxfp4_gemm.mxfp4_gemm(
+            _bf16(m, g.hidden), _u8(g.moe_inter, g.hidden // 2),
+            torch.zeros(g.moe_inter, g.hidden // 32, dtype=torch.float8_e8m0fnu)))
+    add("kv write", "swa_write fp8_ds_mla", lambda: swa_write.swa_write(
+        _bf16(t, g.head_dim), main_rows, table, seqs, start, block_size=128, row_stride=128, codec=rc))
+    add("kv write", "compressed_write fp8_ds_mla", lambda: compressed_write.compressed_write(
+        _bf16(t, g.head_dim), main_rows, table, seqs, start, codec=rc, **comp_geo))
+    add("kv write", "compressed_write fp8 index keys", lambda: compressed_write.compressed_write(
+        _bf16(t, g.index_dim), key_rows, table, seqs, start, codec=kc, **comp_geo))
+    for label, c in (("main", g.head_dim), ("index", g.index_dim)):
+        w = 2 * c  # a CSA compressor's rows hold both overlapping halves
+        add("state", f"compressor_state_update {label} W={w}", lambda w=w: compressor_state.compressor_state_update(
+            _f32(t, w), _f32(t, w), _f32(CSA_RATIO, w), _f32(8, CSA_STATE_RING, w), _f32(8, CSA_STATE_RING, w),
+            _i32(t), cu, start))
+        add("state", f"csa_boundary_capture {label} W={w}", lambda w=w: compressor_state.csa_boundary_capture(
+            _f32(t, w), _f32(t, w), _f32(CSA_RATIO, w), _f32(8, CSA_OVERLAP_ROWS, w), _f32(8, CSA_OVERLAP_ROWS, w),
+            table, cu, start, block_size=128))
+        add("state", f"csa_boundary_restore {label} W={w}", lambda w=w: compressor_state.csa_boundary_restore(
+            _f32(8, CSA_OVERLAP_ROWS, w), _f32(8, CSA_OVERLAP_ROWS, w), _f32(8, CSA_STATE_RING, w),
+            _f32(8, CSA_STATE_RING, w), _i32(t, fill=-1), _i32(t), _i32(t, fill=4)))
+        r = CSA_RATIO + CSA_OVERLAP_ROWS
+        add("state", f"entry_pool {label} W={w}", lambda w=w, c=c, r=r: entry_pool.entry_pool(
+            _f32(t, w), _f32(t, w), _f32(8, CSA_STATE_RING, w), _f32(8, CSA_STATE_RING, w), _i32(t, r, fill=-1),
+            _i32(t, r, fill=-1), _i32(r), width=c))
+    add("state", f"hca_state_update ratio={g.hca_ratio}", lambda: hca_state.hca_state_update(
+        _f32(t, g.head_dim), _f32(t, g.head_dim), _f32(g.hca_ratio, g.head_dim), _f32(8, 3, g.head_dim), _i32(t),
+        cu, start, _f32(t, g.head_dim), max_len=1))
+    geo = dict(block_size=128, row_stride=128)
+    add("index", f"build_window_index W={g.window}", lambda: paged_index.build_window_index(
+        table, seqs, start, window=g.window, **geo))
+    add("index", "build_comp_index hca", lambda: paged_index.build_comp_index(
+        table, seqs, start, None, width=1024, ratio=g.hca_ratio, entries_per_block=1, pages_per_chunk=32,
+        chunk_rows=32))
+    add("index", f"build_comp_index csa topk={g.index_topk}", lambda: paged_index.build_comp_index(
+        table, seqs, start, _i32(t, g.index_topk, fill=-1), width=g.index_topk, ratio=CSA_RATIO, **comp_geo))
+    add("mhc", f"hc_sinkhorn hc={g.hc}", lambda: hc_sinkhorn.hc_sinkhorn(_f32(t, g.hc, g.hc), 20, 1e-6))
+    add("codec", "fp8_ds_mla_quantize", lambda: fp8_ds_mla.fp8_ds_mla_quantize(
+        _bf16(t, g.head_dim), _u8(t, rc.row_bytes), layout=rc))
+    add("codec", "fp8_ds_mla_dequantize", lambda: fp8_ds_mla.fp8_ds_mla_dequantize(main_rows, layout=rc))
+    add("codec", "fp8_index_key_quantize", lambda: fp8_index_key.fp8_index_key_quantize(
+        _bf16(t, g.index_dim), _u8(t, kc.row_bytes), layout=kc))
+    add("codec", "fp8_index_key_dequantize", lambda: fp8_index_key.fp8_index_key_dequantize(key_rows, layout=kc))
+    return out
+
+
+@contextlib.contextmanager
+def _captured_launches() -> Iterator[list]:
+    """Within the block, ``kernel[grid](...)`` records ``(kernel, args, kwargs)`` instead of launching."""
+    from triton.runtime.jit import JITFunction
+    launches: list = []
+    original = JITFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, kwargs))
+
+    JITFunction.run = record
+    try:
+        yield launches
+    finally:
+        JITFunction.run = original
+
+
+def _compile(kernel, args: tuple, kwargs: dict, hw: HwTarget):
+    """Specialise one captured launch as Triton's launcher does, and compile it for ``hw``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+    target = GPUTarget(hw.backend, hw.arch, hw.warp_size)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def compile_variant(variant: Variant, hw: HwTarget) -> list[tuple[str, KernelStats]]:
+    """``(kernel name, stats)`` of every kernel the variant's wrapper launches, compiled for ``hw``."""
+    from triton.runtime.jit import JITFunction
+    with target_family(hw.backend), value_checks_off(), _captured_launches() as launches:
+        variant.launch()
+    if not launches:
+        raise RuntimeError(f"{variant.name} launched no Triton kernel")
+    out = []
+    for kernel, args, kwargs in launches:
+        if not isinstance(kernel, JITFunction):
+            raise RuntimeError("the compile report needs compiled Triton kernels: run it without TRITON_INTERPRET")
+        out.append((kernel.fn.__name__, kernel_stats(_compile(kernel, args, kwargs, hw), hw)))
+    return out
+
+
+def _mma_text(s: KernelStats) -> str:
+    kinds = ", ".join(f"{k}:{n}" for k, n in sorted(s.mma.items())) or "none"
+    return f"{kinds}; fma_f32:{s.fma_f32}"
+
+
+def _row(hw: HwTarget, model: str, family: str, name: str, s: KernelStats) -> str:
+    regs = f"{s.regs}/{s.agprs}" if hw.backend == "hip" else f"{s.regs}"
+    return (f"{hw.name:7} {model:5} {family:9} {name:52} {s.num_warps:>2} {regs:>8} {s.spill_bytes:>6} {s.stack:>6} "
+            f"{s.smem:>7}/{hw.smem_limit:<7} {s.occupancy:>3}  {_mma_text(s)}")
+
+
+HEADER = (f"{'target':7} {'model':5} {'family':9} {'variant [kernel]':52} {'wp':>2} {'regs':>8} {'spill':>6} "
+          f"{'stack':>6} {'smem/limit':>15} {'occ':>3}  tensor-core instructions by operand type; fp32 FMAs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m atom.kernels.compile_report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--targets", default="sm90,gfx942,gfx950",
+                    help=f"comma-separated targets; accepted: {', '.join(HW_TARGETS)}")
+    ap.add_argument("--model", choices=sorted(MODELS), help="one model's shapes (default: both)")
+    ap.add_argument("--only", default="", help="only the variants whose family or name contains this text")
+    a = ap.parse_args(argv)
+    targets = [x.strip() for x in a.targets.split(",") if x.strip()]
+    bad = [x for x in targets if x not in HW_TARGETS]
+    if bad or not targets:
+        ap.error(f"--targets {a.targets!r}: unknown {bad or 'empty list'}; accepted: {', '.join(HW_TARGETS)}")
+    if not HAS_TRITON:
+        print("the compile report needs triton installed", file=sys.stderr)
+        return 2
+    spill_max = no_tc = smem_over = failed = 0
+    print(HEADER)
+    for model in [a.model] if a.model else sorted(MODELS):
+        geo = Geometry.from_preset(model)
+        for tname in targets:
+            hw = HW_TARGETS[tname]
+            for v in [v for v in variants(geo) if a.only in v.family or a.only in v.name]:
+                try:
+                    kernels = compile_variant(v, hw)
+                except Exception as e:  # report and go on: one broken variant must not hide the others
+                    failed += 1
+                    print(f"{hw.name:7} {model:5} {v.family:9} {v.name:52} FAILED: {type(e).__name__}: "
+                          + " ".join(str(e).split())[:300])
+                    continue
+                for kname, s in kernels:
+                    print(_row(hw, model, v.family, f"{v.name} [{kname}]", s), flush=True)
+                    spill_max = max(spill_max, s.spill_bytes)
+                    hw_kernel = v.family in HW_FAMILIES
+                    no_tc += hw_kernel and (s.low_precision_mma == 0 or s.fp32_mma > 0)
+                    smem_over += s.smem > hw.smem_limit or (hw_kernel and s.occupancy < 2)
+    if failed:
+        print(f"failed={failed}")
+    print(f"spill_bytes_max={spill_max} no_tensor_core={no_tc} smem_over={smem_over}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
