@@ -12,9 +12,9 @@ from typing import Any
 
 from atom import envs
 from atom.config import EngineConfig
-from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.draft_source import DraftSource, RunnerDrafts
-from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
+from atom.kv.block_manager import BlockManager
+from atom.spec_decode.draft_source import DraftSource, RunnerDrafts
+from atom.kv.kv_layout import KvLayout, plan_kv_layout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_executor.decode_graphs import serving_graph_mode
@@ -23,6 +23,7 @@ from atom.model_executor.placement import (resolve_device, resolve_dtype, resolv
                                            resolve_row_format)
 from atom.models.deepseek_v4.checkpoint import load_checkpoint
 from atom.models.deepseek_v4.loader import read_config
+from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 
 __all__ = ["build_engine", "resolve_row_format", "describe_kv"]
 
@@ -41,8 +42,8 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
                  rank_group: Any = None, value_checks: bool = False, drafter: DraftSource | None = None) -> LLMEngine:
     """An :class:`LLMEngine` serving ``config.model.path`` (None: the built-in tiny model).
 
-    The model is loaded on ``config.model.device`` in ``config.model.dtype`` with its weights kept as
-    stored (FP8 / MXFP4); its MTP block only with speculative decoding on
+    The serving model (:class:`DeepseekV4ForServing`; the reference model is never built here) is loaded
+    on ``config.model.device`` in ``config.model.dtype`` with its weights kept as stored (FP8 / MXFP4); its MTP block only with speculative decoding on
     (``config.scheduler.speculative_num_tokens`` > 0): the arena then counts the MTP layer and the runner
     drafts with it. ``drafter`` replaces the MTP drafts as the scheduler's draft source (tests: a
     replayed oracle or an always-wrong draft). ``poison`` fills the arena with NaN
@@ -91,9 +92,10 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
         device = resolve_device(mc.device)
         model = load_checkpoint(model_dir, dtype=resolve_dtype(mc.dtype, device), device=device, load_mtp=num_spec > 0,
                                 progress=sys.stderr.isatty(), batch_invariant=batch_invariant,
-                                quant_sim=resolve_quant_sim(mc.quant_sim, model_dir) if quant_sim is None else quant_sim)
+                                quant_sim=resolve_quant_sim(mc.quant_sim, model_dir) if quant_sim is None else quant_sim,
+                                model_class=DeepseekV4ForServing)  # the one model the engine builds
         model_cfg = model.cfg
-        row_format = resolve_row_format(config.cache.kv_cache_dtype, on_gpu=model.embed.weight.device.type != "cpu",
+        row_format = resolve_row_format(config.cache.kv_cache_dtype, on_gpu=model.device.type != "cpu",
                                         quantized="quantization_config" in model.cfg.extra)
         # the MTP layer's KV only when it drafts
         spec = model.cfg.kv_spec(row_format, include_mtp=num_spec > 0, block_size=config.cache.block_size)

@@ -34,14 +34,15 @@ import torch
 
 from atom.bench.op_count import OpCounter
 from atom.config import CacheConfig, SchedulerConfig
-from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.kv_layout import plan_kv_layout
+from atom.kv.block_manager import BlockManager
+from atom.kv.kv_layout import plan_kv_layout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_executor.model_runner import ModelRunner
 from atom.models.deepseek_v4.checkpoint import random_state_dict
 from atom.models.deepseek_v4.config import DeepseekV4Config
-from atom.models.deepseek_v4.model import DeepseekV4Model
+from atom.models.deepseek_v4.model import DeepseekV4Model, ModelWeights
+from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 from atom.sampling_params import SamplingParams
 
 VOCAB = 1024
@@ -65,14 +66,16 @@ def thin_config(kind: str) -> DeepseekV4Config:
         hc_mult=4, hc_sinkhorn_iters=20, original_seq_len=65536, rope_factor=16.0)
 
 
-def thin_model(kind: str) -> DeepseekV4Model:
+def thin_model(kind: str, model_class: type[ModelWeights] = DeepseekV4ForServing) -> ModelWeights:
+    """The thin ``kind`` model with random weights (seed 0): the serving model by default, or the reference
+    (``model_class=DeepseekV4Model``) on the same weights."""
     cfg = thin_config(kind)
-    model = DeepseekV4Model(cfg)
+    model = model_class(cfg)
     model.load_state_dict(random_state_dict(cfg, seed=0))
     return model.eval()
 
 
-def make_engine(model: DeepseekV4Model, max_seqs: int, max_model_len: int, budget: int) -> LLMEngine:
+def make_engine(model: DeepseekV4ForServing, max_seqs: int, max_model_len: int, budget: int) -> LLMEngine:
     cache = CacheConfig(kv_cache_bytes=1 << 30, enable_prefix_caching=False)
     limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=max_model_len)
     layout = plan_kv_layout(model.cfg.kv_spec("fp32", include_mtp=False), cache, limits)
@@ -101,7 +104,7 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def engine_step(model: DeepseekV4Model, prompts: list[list[int]], repeats: int,
+def engine_step(model: DeepseekV4ForServing, prompts: list[list[int]], repeats: int,
                 decode: bool) -> tuple[int, int, int, float]:
     """(aten ops, estimated launches and host syncs in the forward, wall ms of the step) for the step that
     decodes every request (``decode``) or for the first (prefill) step."""
@@ -148,8 +151,10 @@ def reference_step(model: DeepseekV4Model, prompts: list[list[int]], decode: boo
     return c.total, c.syncs, ms
 
 
-def report(kind: str, model: DeepseekV4Model, batches: tuple[int, ...], context: int, prefills: tuple[int, ...],
-           repeats: int, reference: bool) -> dict[int, tuple[int, int, float]]:
+def report(kind: str, batches: tuple[int, ...], context: int, prefills: tuple[int, ...], repeats: int,
+           reference: bool) -> dict[int, tuple[int, int, float]]:
+    model = thin_model(kind)
+    ref_model = thin_model(kind, DeepseekV4Model) if reference else None
     n = model.cfg.n_layers
     print(f"thin {kind}: {n} layers, {model.cfg.n_routed_experts} experts, ratios "
           f"{sorted(set(model.cfg.compress_ratios))}")
@@ -160,8 +165,8 @@ def report(kind: str, model: DeepseekV4Model, batches: tuple[int, ...], context:
     cases += [(f"prefill {t}", [prompt(t, 0)], False) for t in prefills]
     for name, prompts, is_decode in cases:
         ops, launches, syncs, ms = engine_step(model, prompts, repeats, is_decode)
-        ref = "-" if not reference else "{:>13} {:>6} {:>9.1f}".format(*_per_layer(reference_step(model, prompts,
-                                                                                                 is_decode), n))
+        ref = "-" if ref_model is None else "{:>13} {:>6} {:>9.1f}".format(
+            *_per_layer(reference_step(ref_model, prompts, is_decode), n))
         print(f"{name:>14} | {ops // n:>16} {launches // n:>14} {syncs:>6} {ms:>9.1f} | {ref}", flush=True)
         if is_decode:
             decode[len(prompts)] = (ops // n, syncs, ms)
@@ -197,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     flash = None
     with torch.no_grad():
         for kind in kinds:
-            result = report(kind, thin_model(kind), batches, context, prefills, args.repeats, args.reference)
+            result = report(kind, batches, context, prefills, args.repeats, args.reference)
             flash = result if kind == "flash" else flash
     b1, b32 = flash[1], flash[32]
     syncs = max(v[1] for v in flash.values())

@@ -10,8 +10,9 @@ Modes (``ModelRunner(graph_mode=...)``):
 * ``graph``: as ``padded``, but the forward of each bucket is captured once in a CUDA graph (on the
   bucket's first step) and replayed: one launch of the whole recorded step instead of one per op.
   Needs a CUDA device (ROCm builds of torch expose HIP graphs through the same API) and a forward
-  that never reads a device value back: every routed-expert layer on the grouped path (dense experts,
-  all held on this rank).
+  that never reads a device value back, which the serving model declares
+  (``supports_decode_graphs``: every routed-expert layer on the grouped path, dense experts all held
+  on this rank).
 
 Other steps (prefill chunks, steps that admit or resume a request, batches over the largest bucket)
 run eagerly in every mode. Capture runs on padding-only inputs, which write nothing into the arena
@@ -25,24 +26,26 @@ from typing import Callable
 
 import torch
 
-from atom.model_engine.outputs import ScheduledBatch
+from atom.step_contract import ScheduledBatch
 from atom.model_ops.decode_buffers import DecodeBuffers
 from atom.model_ops.step_inputs import PageTables, StepInputs
+from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 
 __all__ = ["GRAPH_MODES", "DecodeSteps", "serving_graph_mode"]
 
 GRAPH_MODES = ("eager", "padded", "graph")
 
 
-def serving_graph_mode(model: torch.nn.Module, *, enforce_eager: bool, keep_logits: bool = False,
+def serving_graph_mode(model: DeepseekV4ForServing, *, enforce_eager: bool, keep_logits: bool = False,
                        value_checks: bool = False) -> str:
-    """The mode a served engine runs: ``graph`` on a CUDA/ROCm device unless ``--enforce-eager`` is given,
-    logits of every token are kept, value checks are on, or a layer's routed experts run one GEMM per
-    expert (quantized experts, whose GEMM ops take one weight each: their dispatch reads the routing
-    back); ``eager`` otherwise (always on the CPU, where a step has no launch cost to save)."""
-    on_gpu = model.embed.weight.device.type == "cuda"
-    grouped = all(block.ffn.grouped for block in model.layers)
-    return "graph" if on_gpu and grouped and not (enforce_eager or keep_logits or value_checks) else "eager"
+    """The mode a served engine runs: ``graph`` when the model declares that its decode steps can be
+    recorded (:attr:`DeepseekV4ForServing.supports_decode_graphs`: on a CUDA/ROCm device, no layer
+    reading a device value back, as quantized routed experts do: their GEMM ops take one weight each, so
+    their dispatch reads the routing back) unless ``--enforce-eager`` is given, logits of every token are
+    kept or value checks are on; ``eager`` otherwise (always on the CPU, where a step has no launch cost
+    to save)."""
+    allowed = model.supports_decode_graphs and not (enforce_eager or keep_logits or value_checks)
+    return "graph" if allowed else "eager"
 
 
 class DecodeSteps:

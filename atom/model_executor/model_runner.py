@@ -1,12 +1,11 @@
 """ModelRunner: executes one ScheduledBatch of a DeepSeek-V4 model on the KV arena, and samples.
 
 It only sequences work: apply the batch's table deltas (:mod:`step_inputs`), build the step tensors,
-run the model's blocks with :class:`PagedDeepseekV4Attention` in place of the reference cache
-(kernel value checks off, no device value read back inside the forward), the head on the rows that
-sample only, sample (:mod:`sampler`, one read-back per step), and return a :class:`RunnerOutput`.
-It is the DeepSeek-V4 runner: it drives :class:`DeepseekV4Model`'s blocks (``attn_input``, the paged
-attention, ``attn_output_and_ffn``) and takes the arena geometry from the model's KV spec; it holds no
-scheduler state.
+run the serving model's forward (:class:`DeepseekV4ForServing`: the arena attention in every layer, the
+head on the rows that sample only; kernel value checks off, no device value read back inside it),
+sample (:mod:`sampler`, one read-back per step), and return a :class:`RunnerOutput`. It binds the arena
+it allocates to the model, takes the arena geometry from the model's KV spec and whether decode steps
+may be recorded in CUDA graphs from the model's declaration; it holds no scheduler state.
 """
 
 from __future__ import annotations
@@ -17,24 +16,21 @@ import dataclasses
 import torch
 
 from atom.kernels.backend import load_kernels, value_checks_off
-from atom.model_engine.kv_layout import KvLayout
-from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
+from atom.kv.kv_layout import KvLayout
+from atom.step_contract import RunnerOutput, ScheduledBatch
 from atom.model_ops.kv_views import bind_kv_arena
-from atom.model_executor.mtp_draft import MtpDrafter
+from atom.spec_decode.mtp_draft import MtpDrafter
 from atom.model_executor.decode_graphs import GRAPH_MODES, DecodeSteps
 from atom.model_executor.sampler import Sampler
 from atom.model_ops.decode_buffers import DecodeBuffers
 from atom.model_ops.step_inputs import PageTables, StepInputs, build_step_inputs, row_subset
-from atom.model_ops.deepseek_v4_attn import PagedDeepseekV4Attention
-from atom.models.deepseek_v4.layers import map_rows
-from atom.models.deepseek_v4.model import DeepseekV4Model
-from atom.models.deepseek_v4.rope import shared_rope_tables
+from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 
 __all__ = ["ModelRunner"]
 
 
 class ModelRunner:
-    """Runs steps of ``model`` over an arena sized by ``layout``.
+    """Runs steps of the serving ``model`` over an arena sized by ``layout`` (the model is bound to it).
 
     ``keep_logits``: return the logits of every row in :attr:`RunnerOutput.logits` (seq_id ->
     ``[T, vocab]``), for tests that compare the engine with the reference model step by step;
@@ -48,22 +44,23 @@ class ModelRunner:
     CUDA graphs; a GPU); only ``eager`` with speculative decoding (every step then drafts).
     """
 
-    def __init__(self, model: DeepseekV4Model, layout: KvLayout, *, max_model_len: int, seed: int = 0,
+    def __init__(self, model: DeepseekV4ForServing, layout: KvLayout, *, max_model_len: int, seed: int = 0,
                  poison: bool = False, kernel_backend: str | None = None, keep_logits: bool = False,
                  eos_token_id: int | None = None, value_checks: bool = False, speculative_num_tokens: int = 0,
                  graph_mode: str = "eager") -> None:
+        if not isinstance(model, DeepseekV4ForServing):
+            raise TypeError(f"ModelRunner runs the serving model (DeepseekV4ForServing), got {type(model).__name__}; "
+                            "load it with load_checkpoint(..., model_class=DeepseekV4ForServing)")
         self.model = model.eval()
-        self.device = model.embed.weight.device
+        self.device = model.device
         self.views = bind_kv_arena(layout, poison=poison, device=self.device)
         self.kernels = load_kernels(kernel_backend)
-        model.bind_kernels(self.kernels)
+        model.bind_arena(self.views, self.kernels)
         max_blocks = -(-max_model_len // layout.spec.block_size)
         self.tables = PageTables(layout.max_live_requests, max_blocks, device=self.device)
-        self.attn = [PagedDeepseekV4Attention(block.attn, self.views, self.kernels) for block in model.layers]
         self.sampler = Sampler(seed, eos_token_id, device=self.device)
         self.keep_logits, self.value_checks = keep_logits, value_checks
-        self.mtp = MtpDrafter(model, self.views, self.kernels, speculative_num_tokens, max_model_len) \
-            if speculative_num_tokens else None
+        self.mtp = MtpDrafter(model, speculative_num_tokens, max_model_len) if speculative_num_tokens else None
         if speculative_num_tokens and graph_mode != "eager":
             raise ValueError(f"graph_mode={graph_mode!r} runs plain decode steps only; speculative decoding "
                              "needs graph_mode='eager'")
@@ -133,8 +130,7 @@ class ModelRunner:
         starts = [int(c) + item.num_committed for c, item in zip(step.cu_seqlens.tolist(), batch.seqs)]
         sub = row_subset(starts, [accepted.get(item.seq_id, 0) for item in batch.seqs],
                          [item.start_pos + item.num_committed for item in batch.seqs], self.device)
-        for attn in self.attn:
-            attn.commit(sub, step, self.tables)
+        self.model.commit(sub, step, self.tables)
 
     def _decode_steps(self, mode: str, max_seqs: int, max_model_len: int) -> DecodeSteps | None:
         if mode not in GRAPH_MODES:
@@ -144,7 +140,7 @@ class ModelRunner:
         if self.keep_logits or self.value_checks:
             raise ValueError(f"graph_mode={mode!r} samples decode steps only: keep_logits and value_checks need "
                              "graph_mode='eager'")
-        unsynced = [i for i, block in enumerate(self.model.layers) if not block.ffn.grouped]
+        unsynced = self.model.host_synced_layers
         if mode == "graph" and unsynced:
             raise ValueError(f"graph_mode='graph' needs a forward without host reads; the routed experts of layers "
                              f"{unsynced} run one GEMM per expert (quantized or expert-parallel); use 'eager'")
@@ -153,17 +149,6 @@ class ModelRunner:
         return DecodeSteps(lambda step: self._forward(step)[0], buffers, capture=mode == "graph")
 
     def _forward(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits of the rows that sample (every row with ``keep_logits``), and the final stream of every row;
-        no device value is read back."""
-        model, rw = self.model, self.model.cfg.batch_invariant
-        h = model.embed_tokens(step.token_ids)
-        with shared_rope_tables():  # each layer's rotations share one table per positions tensor
-            for block, attn in zip(model.layers, self.attn):
-                x, post, comb = map_rows(block.attn_input, rw, h)
-                a = attn.forward(x, step, self.tables)
-                h = map_rows(block.attn_output_and_ffn, rw, a, h, post, comb, step.token_ids)
-        if not self.keep_logits:
-            if step.sample_rows.shape[0] == 0:
-                return h.new_empty((0, model.cfg.vocab_size), dtype=torch.float32), h
-            return model.head_logits(h[step.sample_rows]), h
-        return model.head_logits(h), h
+        """The serving model's forward over ``step``: logits of the rows that sample (every row with
+        ``keep_logits``) and the final stream of every row; no device value is read back."""
+        return self.model(step, self.tables, all_rows=self.keep_logits)

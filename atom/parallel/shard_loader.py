@@ -24,7 +24,7 @@ from atom.kernels.quant_formats import FP4_GROUP
 from atom.models.deepseek_v4.layers import Linear
 from atom.models.deepseek_v4.loader import (CheckpointError, CheckpointIndex, check_fits, convert_stored,
                                             dequantize_stored, plan_model)
-from atom.models.deepseek_v4.model import DeepseekV4Model
+from atom.models.deepseek_v4.model import DeepseekV4Model, ModelWeights
 from atom.models.deepseek_v4.quant import WEIGHT_BLOCK
 from atom.parallel.shard_plan import DROPPED, ShardPlan, Split
 from atom.parallel.sharding import shard_model
@@ -34,10 +34,11 @@ __all__ = ["load_sharded_checkpoint", "check_shardable"]
 
 def load_sharded_checkpoint(directory: str | Path, plan: ShardPlan, comm: Comm, *,
                             dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                            **overrides: object) -> DeepseekV4Model:
-    """This rank's shard of the model in ``directory``, quantized weights kept as stored (``overrides``
-    as for ``load_checkpoint``); ``CheckpointError`` for a checkpoint that does not match or cannot be split."""
-    model, index, dequant = plan_model(directory, dtype=dtype, **overrides)
+                            model_class: type[ModelWeights] = DeepseekV4Model, **overrides: object) -> ModelWeights:
+    """This rank's shard of the model in ``directory`` (``model_class``: the reference model by default, or
+    the serving model), quantized weights kept as stored (``overrides`` as for ``load_checkpoint``);
+    ``CheckpointError`` for a checkpoint that does not match or cannot be split."""
+    model, index, dequant = plan_model(directory, dtype=dtype, model_class=model_class, **overrides)
     full_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     logical = {f"{path}.weight": (m.out_features, m.in_features) for path, m in model.named_modules()
                if isinstance(m, Linear)}  # [out, in] (an MXFP4 weight is stored [out, in/2])
@@ -74,8 +75,8 @@ def check_shardable(directory: str | Path, plan: ShardPlan, **overrides: object)
     _shard(directory, model, plan, Comm(plan.rank, plan.size, group="not used: nothing runs"), "meta")
 
 
-def _shard(directory: str | Path, model: DeepseekV4Model, plan: ShardPlan, comm: Comm,
-           device: torch.device | str) -> DeepseekV4Model:
+def _shard(directory: str | Path, model: ModelWeights, plan: ShardPlan, comm: Comm,
+           device: torch.device | str) -> ModelWeights:
     try:
         return shard_model(model, plan, comm, device)
     except ValueError as e:

@@ -1,8 +1,9 @@
 """Turning a DeepSeek-V4 model built on the ``meta`` device into one rank's shard.
 
-:func:`shard_model` gives every parameter its local shape (from the :class:`ShardPlan`), removes the
-routed experts another rank owns, sets the local head / group counts and hands the layers that
-combine partial results their :class:`Comm`; ``to_empty`` then allocates only what the rank holds
+:func:`shard_model` (the reference or the serving model: both declare the same parameters) gives
+every parameter its local shape (from the :class:`ShardPlan`), removes the routed experts another rank
+owns, sets the local head / group counts and hands the layers that combine partial results their
+:class:`Comm`; ``to_empty`` then allocates only what the rank holds
 (no full-size tensor is ever materialised). The weights come from :mod:`shard_loader`.
 
 A quantized Linear keeps its stored format on every rank: an FP8 slice holds its rows / columns of
@@ -25,8 +26,8 @@ from torch import nn
 
 from atom.kernels.quant_formats import FP4_GROUP
 from atom.models.deepseek_v4.layers import Embedding, Linear
-from atom.models.deepseek_v4.model import DeepseekV4Model
-from atom.models.deepseek_v4.moe import MoE
+from atom.models.deepseek_v4.model import ModelWeights
+from atom.models.deepseek_v4.moe import MoEWeights
 from atom.models.deepseek_v4.quant import WEIGHT_BLOCK, fp8_scale
 from atom.comm import Comm
 from atom.parallel.shard_plan import ShardPlan, Split
@@ -59,7 +60,7 @@ def local_shape(shape: tuple[int, ...], spec: Split | None) -> tuple[int, ...]:
     return tuple(out)
 
 
-def shard_model(model: DeepseekV4Model, plan: ShardPlan, comm: Comm, device: torch.device | str) -> DeepseekV4Model:
+def shard_model(model: ModelWeights, plan: ShardPlan, comm: Comm, device: torch.device | str) -> ModelWeights:
     """Shard ``model`` (built on ``meta``, its Linears already in their stored formats) in place for ``plan``
     and allocate it (uninitialised) on ``device``; ``ValueError`` naming a quantized weight whose split would
     cut its scale blocks."""
@@ -83,7 +84,7 @@ def shard_model(model: DeepseekV4Model, plan: ShardPlan, comm: Comm, device: tor
     return model.to_empty(device=device)
 
 
-def _shard_linear(model: DeepseekV4Model, path: str, spec: Split, comm: Comm) -> None:
+def _shard_linear(model: ModelWeights, path: str, spec: Split, comm: Comm) -> None:
     """Give the Linear at ``path`` its local features in its stored format; a layer whose FP8 input blocks
     span ranks becomes a :class:`SplitInputLinear` (same parameters, exact input quantization)."""
     mod: Linear = model.get_submodule(path)
@@ -137,7 +138,7 @@ class SplitInputLinear(Linear):
         return ((x.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
 
 
-def _shard_modules(model: DeepseekV4Model, plan: ShardPlan, comm: Comm) -> None:
+def _shard_modules(model: ModelWeights, plan: ShardPlan, comm: Comm) -> None:
     cfg, n = model.cfg, plan.size
     start, _ = Split(0, plan.rank, n).bounds(cfg.vocab_size)
     # full-size on meta: the parameter loop below gives it its local rows like every other tensor
@@ -149,7 +150,7 @@ def _shard_modules(model: DeepseekV4Model, plan: ShardPlan, comm: Comm) -> None:
             block.attn.n_heads = cfg.n_heads // n
             block.attn.n_groups = cfg.o_groups // n
             block.attn.comm = comm
-        moe: MoE = block.ffn
+        moe: MoEWeights = block.ffn
         moe.expert_range = plan.expert_range() if plan.expert_parallel else range(cfg.n_routed_experts)
         moe.comm = comm
         for e in range(cfg.n_routed_experts):

@@ -1,7 +1,7 @@
 """A model rank: its shard of the model, its copy of the KV arena, and the step loop of ranks > 0.
 
 Every rank builds the same thing from the same :class:`RankSpec`: the shard of the model its
-:class:`ShardPlan` names, and a :class:`ModelRunner` over an arena of the same layout (a pure
+:class:`ShardPlan` names (of the serving model), and a :class:`ModelRunner` over an arena of the same layout (a pure
 function of the model and the config, so every rank's page ``p`` is the same bytes). Rank 0 also
 runs the scheduler (:mod:`executor`); every other rank runs :func:`serve_steps`: receive the step's
 frozen batch, apply its table deltas and run it, until rank 0 broadcasts ``None``.
@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import torch
 
 from atom.config import EngineConfig
-from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
+from atom.kv.kv_layout import KvLayout, plan_kv_layout
 from atom.model_executor.model_runner import ModelRunner
 from atom.model_executor.placement import resolve_dtype, resolve_quant_sim, resolve_row_format
 from atom.models.deepseek_v4.config import DeepseekV4Config
+from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 from atom.parallel.process_group import RankGroup, join
 from atom.parallel.shard_loader import load_sharded_checkpoint
 from atom.parallel.shard_plan import ShardPlan
@@ -77,7 +78,7 @@ def build_rank_runner(spec: RankSpec, group: RankGroup, *, keep_logits: bool = F
     device = torch.device(group.device)
     model = load_sharded_checkpoint(spec.model_dir, plan, group.comm, dtype=resolve_dtype(c.model.dtype, device),
                                     device=device, batch_invariant=spec.batch_invariant, quant_sim=quant_sim,
-                                    load_mtp=False)  # MTP is not served (as on one rank)
+                                    load_mtp=False, model_class=DeepseekV4ForServing)  # MTP is not served
     layout = layout_for(model.cfg, c, on_gpu=device.type != "cpu")
     runner = ModelRunner(model, layout, max_model_len=c.scheduler.max_model_len, seed=c.model.seed,
                          poison=spec.poison, kernel_backend=spec.kernel_backend, keep_logits=keep_logits,

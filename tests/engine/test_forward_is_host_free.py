@@ -9,7 +9,7 @@ from atom.bench.forward import make_engine, prompt
 from atom.bench.op_count import SYNC_OPS, OpCounter
 from atom.models.deepseek_v4.checkpoint import random_state_dict
 from atom.models.deepseek_v4.config import DeepseekV4Config
-from atom.models.deepseek_v4.model import DeepseekV4Model
+from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 from atom.sampling_params import SamplingParams
 
 
@@ -17,7 +17,7 @@ from atom.sampling_params import SamplingParams
 def thin():
     """Flash-like structure (SWA, CSA and HCA layers, hash-routed layers, top-k routing) at toy widths."""
     cfg = DeepseekV4Config.tiny(n_mtp_layers=0, compress_ratios=(0, 4, 16, 4, 16, 4), vocab_size=1024)
-    model = DeepseekV4Model(cfg)
+    model = DeepseekV4ForServing(cfg)
     model.load_state_dict(random_state_dict(cfg, seed=3))
     return model.eval()
 

@@ -6,28 +6,28 @@ import torch
 
 from atom.bench.forward import prompt
 from atom.config import CacheConfig, SchedulerConfig
-from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.kv_layout import plan_kv_layout
+from atom.kv.block_manager import BlockManager
+from atom.kv.kv_layout import plan_kv_layout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_executor.model_runner import ModelRunner
 from atom.models.deepseek_v4.checkpoint import random_state_dict
 from atom.models.deepseek_v4.config import DeepseekV4Config
-from atom.models.deepseek_v4.model import DeepseekV4Model
+from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 from atom.sampling_params import SamplingParams
 
 MAX_LEN = 64
 
 
-def thin_model(device: str = "cpu") -> DeepseekV4Model:
+def thin_model(device: str = "cpu") -> DeepseekV4ForServing:
     """SWA, CSA and HCA layers, hash-routed layers and top-k routing at toy widths."""
     cfg = DeepseekV4Config.tiny(n_mtp_layers=0, compress_ratios=(0, 4, 16, 4, 16, 4), vocab_size=1024)
-    model = DeepseekV4Model(cfg)
+    model = DeepseekV4ForServing(cfg)
     model.load_state_dict(random_state_dict(cfg, seed=3))
     return model.to(device).eval()
 
 
-def sampled_run(model: DeepseekV4Model, graph_mode: str, kernel_backend: str = "torch", requests: int = 5,
+def sampled_run(model: DeepseekV4ForServing, graph_mode: str, kernel_backend: str = "torch", requests: int = 5,
                 ) -> tuple[dict[int, list[int]], list[torch.Tensor]]:
     """(tokens each request sampled, by admission order; the logits of every step, as sampled) for
     ``requests`` requests of different lengths (chunked prefill, then decode steps whose batch shrinks

@@ -61,8 +61,10 @@ def attend(q: torch.Tensor, rows: torch.Tensor, sink: torch.Tensor, scale: float
     return (p @ rows.float()) / denom[:, None]
 
 
-class Attention(nn.Module):
-    """The attention sub-layer of block ``layer_id``."""
+class AttentionWeights(nn.Module):
+    """The parameters of block ``layer_id``'s attention and its token-local math (the projections in, the
+    output projection out), shared by the reference :class:`Attention` and the serving model's arena
+    attention: both hold the same parameter names, so both load the same checkpoint."""
 
     def __init__(self, cfg: DeepseekV4Config, layer_id: int, *, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
@@ -103,10 +105,6 @@ class Attention(nn.Module):
             kv = kv_row_roundtrip(kv, self.cfg.nope_dim, self.cfg.fp8_block)
         return kv
 
-    def attend(self, q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """One query ``[H, c]`` over its gathered rows ``[n, c]`` with this layer's sinks -> ``[H, c]``."""
-        return attend(q, rows, self.attn_sink, self.scale)
-
     def project_out(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Inverse RoPE at the query positions, grouped ``wo_a``, then ``wo_b``: ``[T, H, c] -> [T, dim]``.
 
@@ -130,6 +128,15 @@ class Attention(nn.Module):
             p = p._replace(index_q=self.indexer.project_q(qr, positions), index_w=self.indexer.head_weights(x),
                            index_comp=self.indexer.compressor.project(x, positions))
         return p
+
+
+
+class Attention(AttentionWeights):
+    """The reference attention sub-layer of block ``layer_id``: one chunk over the explicit cache."""
+
+    def attend(self, q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """One query ``[H, c]`` over its gathered rows ``[n, c]`` with this layer's sinks -> ``[H, c]``."""
+        return attend(q, rows, self.attn_sink, self.scale)
 
     # ----- the reference forward over one chunk -------------------------------------------------------------------
     def core(self, p: Projections, lc: LayerCache, start_pos: int) -> torch.Tensor:

@@ -34,7 +34,7 @@ from torch import nn
 
 from .config import DeepseekV4Config
 from .layers import Linear
-from .model import DeepseekV4Model
+from .model import DeepseekV4Model, ModelWeights
 from .quant import dequantize_fp8_weight, dequantize_mxfp4_weight
 from .shard_reader import CheckpointError, ShardFile, TensorEntry, read_header
 
@@ -165,7 +165,7 @@ def check_fits(needed: int, device: torch.device | str, available: int | None = 
             "pick a smaller checkpoint")
 
 
-def _plan_formats(model: DeepseekV4Model, index: CheckpointIndex, keep_quantized: bool) -> set[str]:
+def _plan_formats(model: ModelWeights, index: CheckpointIndex, keep_quantized: bool) -> set[str]:
     """Give each Linear its stored format; return the weight names to dequantize while loading."""
     dequant: set[str] = set()
     for path, mod in model.named_modules():
@@ -255,15 +255,18 @@ def _shards(index: CheckpointIndex, progress: bool) -> Iterator[Path]:
 
 
 def plan_model(directory: str | Path, *, dtype: torch.dtype = torch.float32, keep_quantized: bool = True,
-               load_mtp: bool = True, **overrides: object) -> tuple[DeepseekV4Model, CheckpointIndex, set[str]]:
+               load_mtp: bool = True, model_class: type[ModelWeights] = DeepseekV4Model,
+               **overrides: object) -> tuple[ModelWeights, CheckpointIndex, set[str]]:
     """The model of ``directory`` on the ``meta`` device with each Linear in its stored format, the checkpoint's
     index and the weight names to dequantize while loading; every name, shape and dtype already checked.
+    ``model_class``: the reference model (default) or the serving model (:mod:`atom.models.deepseek_v4_serving`):
+    both declare the same parameters.
 
     Raises ``CheckpointError`` naming each tensor that does not match (no tensor data is read)."""
     directory = Path(directory)
     cfg = read_config(directory, **overrides)
     index = CheckpointIndex(directory)
-    model = DeepseekV4Model(cfg, dtype=dtype, device="meta")
+    model = model_class(cfg, dtype=dtype, device="meta")
     if not load_mtp:
         model.mtp = nn.ModuleList()
     dequant = _plan_formats(model, index, keep_quantized)
@@ -277,14 +280,16 @@ def plan_model(directory: str | Path, *, dtype: torch.dtype = torch.float32, kee
 
 def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32,
                     device: torch.device | str = "cpu", keep_quantized: bool = True, load_mtp: bool = True,
-                    progress: bool = False, **overrides: object) -> DeepseekV4Model:
-    """The model of ``directory`` on ``device``: dense weights in ``dtype``, quantized ones as stored.
+                    progress: bool = False, model_class: type[ModelWeights] = DeepseekV4Model,
+                    **overrides: object) -> ModelWeights:
+    """The model of ``directory`` on ``device``: dense weights in ``dtype``, quantized ones as stored;
+    ``model_class`` as for :func:`plan_model` (default: the reference model).
 
     ``overrides`` set config fields (``quant_sim=True`` also FP8-quantizes the inputs of quantized GEMMs).
     Raises ``CheckpointError`` before reading any data when names, shapes, dtypes or free memory are wrong.
     """
     model, index, dequant = plan_model(directory, dtype=dtype, keep_quantized=keep_quantized, load_mtp=load_mtp,
-                                       **overrides)
+                                       model_class=model_class, **overrides)
     expected = dict(model.state_dict())
     check_fits(sum(t.numel() * t.element_size() for t in expected.values()), device)
     scales = {name[: -len("weight")] + "scale": name for name in dequant}

@@ -26,7 +26,7 @@ from torch import nn
 from atom.comm import SINGLE_RANK, Comm
 
 from . import cache as cache_mod
-from .block import Block, MTPBlock
+from .block import Block, BlockWeights, MTPBlock, MTPWeights
 from .cache import CacheSnapshot, SequenceCache
 from .config import DeepseekV4Config
 from .layers import Embedding, Linear, RMSNorm, map_rows
@@ -40,8 +40,14 @@ class ForwardOutput(NamedTuple):
     hidden: torch.Tensor
 
 
-class DeepseekV4Model(nn.Module):
-    """DeepSeek-V4 with official parameter names (``embed``, ``layers.N.*``, ``mtp.0.*``, ``norm``, ``head``)."""
+class ModelWeights(nn.Module):
+    """DeepSeek-V4's parameters with official names (``embed``, ``layers.N.*``, ``mtp.0.*``, ``norm``, ``head``,
+    ``hc_head_*``) and the token-local ends of a forward (embedding, head); the blocks are of the classes
+    a subclass names (``block_class``, ``mtp_class``). Shared by the reference :class:`DeepseekV4Model` and
+    the serving model, so both load the same checkpoint."""
+
+    block_class: type[BlockWeights]
+    mtp_class: type[MTPWeights]
 
     def __init__(self, cfg: DeepseekV4Config, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
@@ -49,8 +55,8 @@ class DeepseekV4Model(nn.Module):
         self.cfg = cfg
         kw = dict(dtype=dtype, device=device)
         self.embed = Embedding(cfg.vocab_size, cfg.dim, **kw)
-        self.layers = nn.ModuleList(Block(cfg, i, **kw) for i in range(cfg.n_layers))
-        self.mtp = nn.ModuleList(MTPBlock(cfg, cfg.n_layers + i, **kw) for i in range(cfg.n_mtp_layers))
+        self.layers = nn.ModuleList(self.block_class(cfg, i, **kw) for i in range(cfg.n_layers))
+        self.mtp = nn.ModuleList(self.mtp_class(cfg, cfg.n_layers + i, **kw) for i in range(cfg.n_mtp_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, **kw)
         self.head = Linear(cfg.dim, cfg.vocab_size, **kw)
         self.hc_head_fn = nn.Parameter(torch.empty(cfg.hc_mult, cfg.hc_mult * cfg.dim, device=device))
@@ -83,6 +89,14 @@ class DeepseekV4Model(nn.Module):
             return self.logits(self.norm(y))
 
         return map_rows(one, c.batch_invariant, h)
+
+
+
+class DeepseekV4Model(ModelWeights):
+    """The reference DeepSeek-V4 model: chunks of one sequence over its explicit cache (module docstring)."""
+
+    block_class = Block
+    mtp_class = MTPBlock
 
     # ----- caches -------------------------------------------------------------------------------------------------
     def new_cache(self, capacity: int, *, poison: float | None = None) -> SequenceCache:

@@ -81,8 +81,9 @@ class Expert(nn.Module):
         return self.w2(h.to(x.dtype))
 
 
-class MoE(nn.Module):
-    """Routed experts plus the shared expert of one block.
+class MoEWeights(nn.Module):
+    """Routed experts plus the shared expert of one block: the parameters, and the torch paths that
+    combine them (shared by the reference :class:`MoE` and the serving model's MoE).
 
     Sharded (``atom.parallel``): this rank computes the routed experts in ``expert_range`` (expert
     parallel: its partition; tensor parallel: all, each a slice) and its slice of the shared expert;
@@ -100,21 +101,17 @@ class MoE(nn.Module):
         self.expert_range = range(cfg.n_routed_experts)
         self.comm: Comm = SINGLE_RANK
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        """``[T, dim] -> [T, dim]``; each token adds its experts' outputs in ascending expert order."""
-        weights, idx = self.gate(x, token_ids)
-        if self.grouped:
-            y = self.routed(x, weights, idx)
-        else:
-            y = self.routed_per_expert(x, weights, idx)
-        return self.comm.all_reduce(y + self.shared_experts(x).float()).to(x.dtype)
-
     @property
     def grouped(self) -> bool:
-        """Whether the routed experts run as one grouped GEMM: every expert held here with dense weights.
-        Quantized experts (FP8 / MXFP4: their GEMM ops take one weight each) and expert-parallel ranks
-        (other ranks' experts are absent) run :meth:`routed_per_expert`."""
+        """Whether the routed experts can run as one grouped GEMM (:meth:`routed`): every expert held here
+        with dense weights. Quantized experts (FP8 / MXFP4: their GEMM ops take one weight each) and
+        expert-parallel ranks (other ranks' experts are absent) need :meth:`routed_per_expert`."""
         return len(self.expert_range) == len(self.experts) and self.experts[0].w1.fmt == "dense"
+
+    def with_shared(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its routed sum ``routed`` (fp32 ``[T, dim]``): plus the shared expert,
+        summed over the ranks, in ``x``'s dtype."""
+        return self.comm.all_reduce(routed + self.shared_experts(x).float()).to(x.dtype)
 
     def routed_per_expert(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """fp32 ``[T, dim]``: one GEMM per expert present in ``idx`` and held on this rank (host-synced)."""
@@ -150,6 +147,19 @@ class MoE(nn.Module):
             self._stack = tuple(torch.stack([trio[j] for trio in params]) for j in range(3))
             self._stack_key = key
         return self._stack
+
+
+class MoE(MoEWeights):
+    """The reference MoE sub-layer."""
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """``[T, dim] -> [T, dim]``; each token adds its experts' outputs in ascending expert order."""
+        weights, idx = self.gate(x, token_ids)
+        if self.grouped:
+            y = self.routed(x, weights, idx)
+        else:
+            y = self.routed_per_expert(x, weights, idx)
+        return self.with_shared(x, y)
 
 
 def grouped_swiglu(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor, torch.Tensor], expert: torch.Tensor,

@@ -1,8 +1,12 @@
-"""DeepSeek-V4 attention on the paged KV arena (the reference model's weights, the arena's memory).
+"""The serving model's attention: DeepSeek-V4 attention on the paged KV arena.
+
+:class:`ArenaAttention` declares the reference's attention parameters (:class:`AttentionWeights`: the same
+names, the same token-local projections, its own compressor and indexer built from the shared classes, whose
+row rules it calls) and keeps every row in the arena views bound to it (:meth:`ArenaAttention.bind_arena`).
 
 Per layer and step, in this order (each step of it through a kernel of :mod:`atom.kernels`):
 
-1. token-local projections (``Attention.project``: q, the K=V row, compressor and indexer rows);
+1. token-local projections (``AttentionWeights.project``: q, the K=V row, compressor and indexer rows);
 2. ``swa_write``: every token's K=V row into its SWA page (``row = page * row_stride + pos % B``), so the
    window of every query in the step is in the arena before anyone reads it;
 3. compressor state. CSA: clear the ring of a newly admitted request, ``csa_boundary_restore`` the
@@ -16,9 +20,9 @@ Per layer and step, in this order (each step of it through a kernel of :mod:`ato
 5. CSA: ``index_score`` of every query over its candidate keys in the arena, the reference indexer's
    top-k per query; index lists from
    ``build_window_index`` / ``build_comp_index``; ``sparse_attention`` with the per-head sink;
-6. inverse RoPE and the grouped output projection (``Attention.project_out``).
+6. inverse RoPE and the grouped output projection (``AttentionWeights.project_out``).
 
-Every CSA entry the step completes (all sequences) is pooled at once: the reference compressor's
+Every CSA entry the step completes (all sequences) is pooled at once: the shared compressor's
 ``entry_sources`` decides which rows an entry pools ([previous block's "b" half; this block's "a" half]),
 ``entry_pool`` reads them from the chunk's fresh rows or the request's ring and pools them, then
 ``finish_entries``, so CSA entries equal the reference model's up to the rounding of batched ops. Top-k
@@ -34,7 +38,7 @@ written and attended as usual (the drafts' SWA rows and the entries they complet
 sequence's computed length: nothing reads them before a later step overwrites them), but the
 compressor state (CSA rings, CSA boundary capture, HCA accumulators) advances over the committed rows
 only; HCA entries completed inside the drafts are pooled from a scratch copy of the accumulators. The
-layer keeps the step's compressor projections until :meth:`PagedDeepseekV4Attention.commit` advances
+layer keeps the step's compressor projections until :meth:`ArenaAttention.commit` advances
 the state over the drafts the verifier accepted, so rejected drafts leave no trace in the state.
 
 Row formats: with value views (fp32 / bf16) rows are written in the view's dtype. With ``fp8_ds_mla``
@@ -52,65 +56,76 @@ import torch
 from atom.kernels.backend import KernelSet
 from atom.model_ops.kv_views import KvViews
 from atom.model_ops.step_inputs import EntryList, PageTables, RowSubset, StepInputs
-from atom.models.deepseek_v4.attention import Attention, Projections
+from atom.models.deepseek_v4.attention import AttentionWeights, Projections
 from atom.models.deepseek_v4.compressor import Compressor
+from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.models.deepseek_v4.indexer import Indexer
 from atom.models.deepseek_v4.layers import map_rows
 
-__all__ = ["PagedDeepseekV4Attention"]
+__all__ = ["ArenaAttention", "bucket"]
 
 
-class PagedDeepseekV4Attention:
-    """One layer's attention over the arena; holds no state of its own besides the bound views (and,
-    from a forward with drafts to its :meth:`commit`, that step's compressor projections)."""
+class ArenaAttention(AttentionWeights):
+    """One layer's attention over the arena. Besides its parameters it holds the arena views and kernel
+    ops bound to it and, from a forward with drafts to its :meth:`commit`, that step's compressor
+    projections; no other state."""
 
-    def __init__(self, attn: Attention, views: KvViews, kernels: KernelSet) -> None:
-        self.attn, self.views, self.k = attn, views, kernels
-        self.layer = attn.layer_id
-        self.cfg = attn.cfg
-        self.ratio = attn.ratio
+    def __init__(self, cfg: DeepseekV4Config, layer_id: int, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__(cfg, layer_id, dtype=dtype, device=device)
+        self.views: KvViews | None = None
+        self.k: KernelSet | None = None
+        self._pending: Projections | None = None  # a step with drafts: its projections until commit()
+
+    def bind_arena(self, views: KvViews, kernels: KernelSet) -> None:
+        """Keep this layer's rows in ``views`` (its regions of the layout) and run ``kernels``' ops."""
+        self.views, self.k = views, kernels
         lay = views.layout
         self.block_size = lay.spec.block_size
-        self.swa_region = lay.swa_rows(self.layer)
-        self.comp_region = lay.compressed_rows(self.layer) if self.ratio else None
-        self.index_region = lay.index_rows(self.layer) if attn.indexer is not None else None
-        self._pending: Projections | None = None  # a step with drafts: its projections until commit()
+        self.swa_region = lay.swa_rows(self.layer_id)
+        self.comp_region = lay.compressed_rows(self.layer_id) if self.ratio else None
+        self.index_region = lay.index_rows(self.layer_id) if self.indexer is not None else None
+        self._pending = None
 
     # ---- the step -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
+        """The attention output ``[T, dim]`` of the step's rows ``x [T, dim]`` (steps 1-6 of the module
+        docstring); writes their rows into the arena."""
+        if self.views is None:
+            raise RuntimeError(f"attention of layer {self.layer_id} has no arena: call bind_arena first")
         rw = self.cfg.batch_invariant
-        p: Projections = map_rows(self.attn.project, rw, x, step.positions)
+        p: Projections = map_rows(self.project, rw, x, step.positions)
         pos32 = step.derive(("pos32",), lambda: step.positions.to(torch.int32))
         main_codec = self.views.main_codec
-        rows = self.views.swa[self.layer]
+        rows = self.views.swa[self.layer_id]
         self.k.swa_write(_values(p.kv, rows, main_codec), rows, tables.swa, step.token_slot, pos32,
                          block_size=self.block_size, row_stride=self.swa_region.page_rows, codec=main_codec)
         comp_idx = None
         self._pending = p if self.ratio and step.committed is not None else None
-        if self.ratio and self.attn.indexer is None:
+        if self.ratio and self.indexer is None:
             self._compress_hca(p.comp, step, tables)
             comp_idx = self._comp_index(p, step, tables, pos32)
         elif self.ratio:
             self._prepare_state(step)
-            self._compress(self.attn.compressor, p.comp, step, tables, self.views.state[self.layer],
-                           self.views.comp[self.layer], self.comp_region, "main", main_codec)
-            if self.attn.indexer is not None:
-                self._compress(self.attn.indexer.compressor, p.index_comp, step, tables,
-                               self.views.index_state[self.layer], self.views.index[self.layer],
+            self._compress(self.compressor, p.comp, step, tables, self.views.state[self.layer_id],
+                           self.views.comp[self.layer_id], self.comp_region, "main", main_codec)
+            if self.indexer is not None:
+                self._compress(self.indexer.compressor, p.index_comp, step, tables,
+                               self.views.index_state[self.layer_id], self.views.index[self.layer_id],
                                self.index_region, "index", self.views.index_codec)
             comp_idx = self._comp_index(p, step, tables, pos32)
         geo = dict(window=self.cfg.window_size, block_size=self.block_size, row_stride=self.swa_region.page_rows)
         window_idx = step.derive(("window_index", *geo.values()), lambda: self.k.build_window_index(
             tables.swa, step.token_slot, pos32, **geo))
         o = self.k.sparse_attention(_values(p.q, rows, main_codec), rows, window_idx,
-                                    None if comp_idx is None else self.views.comp[self.layer], comp_idx,
-                                    self.attn.attn_sink.float(), scale=float(self.attn.scale), codec=main_codec)
-        return map_rows(self.attn.project_out, rw, o.to(x.dtype), step.positions)
+                                    None if comp_idx is None else self.views.comp[self.layer_id], comp_idx,
+                                    self.attn_sink.float(), scale=float(self.scale), codec=main_codec)
+        return map_rows(self.project_out, rw, o.to(x.dtype), step.positions)
 
     # ---- compressor state ---------------------------------------------------------------------
     def _prepare_state(self, step: StepInputs) -> None:
         """Clear the CSA rings of newly admitted requests, then restore CSA boundary rows of prefix hits."""
-        pools = [self.views.state[self.layer], self.views.index_state[self.layer]]
+        pools = [self.views.state[self.layer_id], self.views.index_state[self.layer_id]]
         if step.any_reset:
             slot, reset = step.slots.long(), step.reset[:, None, None]
             for kv, score in pools:
@@ -118,7 +133,7 @@ class PagedDeepseekV4Attention:
                 score[slot] = score[slot].masked_fill(reset, float("-inf"))
         if not step.any_restore:
             return
-        csa = self.views.csa[self.layer]
+        csa = self.views.csa[self.layer_id]
         for (kv, score), (src_kv, src_score) in zip(pools, ((csa.main_kv, csa.main_score),
                                                             (csa.index_kv, csa.index_score))):
             self.k.csa_boundary_restore(src_kv, src_score, kv, score, step.restore_src, step.slots, step.pos_start)
@@ -128,10 +143,10 @@ class PagedDeepseekV4Attention:
         finish and write every entry the chunk completes at once (its pooled row sits at the block's last
         token). The accumulator needs no reset: a block's first position starts it empty, and a request
         always starts at a block boundary."""
-        comp = self.attn.compressor
+        comp = self.compressor
         kv, score = (r.contiguous() for r in rows)
         pooled = torch.empty_like(kv)
-        acc, slots = self.views.hca[self.layer], step.slots
+        acc, slots = self.views.hca[self.layer_id], step.slots
         if step.committed is not None:  # pool the drafts' entries from a copy; the state takes committed rows
             acc, slots = acc[slots.long()].clone(), torch.arange(len(step.lengths), dtype=torch.int32,
                                                                  device=slots.device)
@@ -147,7 +162,7 @@ class PagedDeepseekV4Attention:
             return torch.where(ent.seq >= 0, tok, 0)  # padding entries read row 0 and are not written
 
         tok = step.derive(("hca_last_tokens", comp.ratio), last_tokens)
-        self._write_entries(comp.finish_entries(pooled[tok], ent.ids), ent, step, tables, self.views.comp[self.layer],
+        self._write_entries(comp.finish_entries(pooled[tok], ent.ids), ent, step, tables, self.views.comp[self.layer_id],
                             self.comp_region, self.views.main_codec)
 
     def _advance_hca(self, rows: tuple[torch.Tensor, torch.Tensor], sub: RowSubset, step: StepInputs) -> None:
@@ -155,7 +170,7 @@ class PagedDeepseekV4Attention:
         if sub.max_len == 0:
             return
         kv, score = (r[sub.rows].contiguous() for r in rows)
-        self.k.hca_state_update(kv, score, torch.zeros_like(self.attn.compressor.ape), self.views.hca[self.layer],
+        self.k.hca_state_update(kv, score, torch.zeros_like(self.compressor.ape), self.views.hca[self.layer_id],
                                 step.slots, sub.cu_seqlens, sub.pos_start, torch.empty_like(kv), max_len=sub.max_len)
 
     def _advance_csa(self, comp: Compressor, rows: tuple[torch.Tensor, torch.Tensor], sub: RowSubset | None,
@@ -168,10 +183,10 @@ class PagedDeepseekV4Attention:
             if sub.max_len == 0:
                 return
             kv, score, cu, start = kv[sub.rows], score[sub.rows], sub.cu_seqlens, sub.pos_start
-        state = self.views.state[self.layer] if which == "main" else self.views.index_state[self.layer]
+        state = self.views.state[self.layer_id] if which == "main" else self.views.index_state[self.layer_id]
         zero_ape = torch.zeros_like(comp.ape)  # the projected score rows already include ape[pos % m]
         self.k.compressor_state_update(kv, score, zero_ape, state[0], state[1], step.slots, cu, start)
-        csa = self.views.csa[self.layer]
+        csa = self.views.csa[self.layer_id]
         dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
         swa_pages = step.derive(("swa_table_rows",), lambda: tables.swa[step.rows.long()])
         self.k.csa_boundary_capture(kv, score, zero_ape, dst[0], dst[1], swa_pages, cu, start,
@@ -183,11 +198,11 @@ class PagedDeepseekV4Attention:
         p, self._pending = self._pending, None
         if p is None:
             return
-        if self.attn.indexer is None:
+        if self.indexer is None:
             self._advance_hca(p.comp, accepted, step)
             return
-        self._advance_csa(self.attn.compressor, p.comp, accepted, step, tables, "main")
-        self._advance_csa(self.attn.indexer.compressor, p.index_comp, accepted, step, tables, "index")
+        self._advance_csa(self.compressor, p.comp, accepted, step, tables, "main")
+        self._advance_csa(self.indexer.compressor, p.index_comp, accepted, step, tables, "index")
 
     def _write_entries(self, entries: torch.Tensor, ent: EntryList, step: StepInputs, tables: PageTables,
                        out_rows: torch.Tensor, region, codec) -> None:
@@ -222,11 +237,11 @@ class PagedDeepseekV4Attention:
         reg = self.comp_region
         geo = dict(ratio=self.ratio, entries_per_block=reg.used_rows, pages_per_chunk=reg.pages_per_chunk,
                    chunk_rows=reg.chunk_rows)
-        if self.attn.indexer is None:
+        if self.indexer is None:
             width = bucket((step.max_pos + 1) // self.ratio)
             return step.derive(("comp_index", width, *geo.values()), lambda: self.k.build_comp_index(
                 tables.comp, step.token_slot, pos32, None, width=width, **geo))
-        picks = self._topk(self.attn.indexer, p, step, tables, pos32)
+        picks = self._topk(self.indexer, p, step, tables, pos32)
         return self.k.build_comp_index(tables.comp, step.token_slot, pos32, picks, width=picks.shape[1], **geo)
 
     def _topk(self, indexer: Indexer, p: Projections, step: StepInputs, tables: PageTables,
@@ -238,7 +253,7 @@ class PagedDeepseekV4Attention:
                    pages_per_chunk=reg.pages_per_chunk, chunk_rows=reg.chunk_rows)
         key_rows = step.derive(("comp_index", *geo.values()), lambda: self.k.build_comp_index(
             tables.comp, step.token_slot, pos32, None, **geo))
-        scores = self.k.index_score(p.index_q.contiguous(), p.index_w.contiguous(), self.views.index[self.layer],
+        scores = self.k.index_score(p.index_q.contiguous(), p.index_w.contiguous(), self.views.index[self.layer_id],
                                     key_rows, codec=self.views.index_codec)
         visible = step.derive(("visible_entries", ratio), lambda: (step.positions + 1) // ratio)
         return indexer.select_scores(scores, visible, self.cfg.index_topk)

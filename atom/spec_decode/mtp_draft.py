@@ -28,27 +28,22 @@ import dataclasses
 
 import torch
 
-from atom.kernels.backend import KernelSet
-from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
-from atom.model_ops.deepseek_v4_attn import PagedDeepseekV4Attention
-from atom.model_ops.kv_views import KvViews
+from atom.step_contract import RunnerOutput, ScheduledBatch
 from atom.model_ops.step_inputs import PageTables, StepInputs
-from atom.models.deepseek_v4.layers import map_rows
-from atom.models.deepseek_v4.model import DeepseekV4Model
+from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 
 __all__ = ["MtpDrafter"]
 
 
 class MtpDrafter:
-    """Runs ``model.mtp[0]`` on the arena and proposes ``num_tokens`` drafts per sampling request."""
+    """Runs the serving model's MTP block (bound to the arena with the model) and proposes ``num_tokens``
+    drafts per sampling request."""
 
-    def __init__(self, model: DeepseekV4Model, views: KvViews, kernels: KernelSet, num_tokens: int,
-                 max_model_len: int) -> None:
+    def __init__(self, model: DeepseekV4ForServing, num_tokens: int, max_model_len: int) -> None:
         if not model.mtp:
             raise ValueError("speculative decoding drafts with the MTP layer, but this checkpoint has none "
                              "(num_nextn_predict_layers = 0)")
-        self.model, self.block = model, model.mtp[0]
-        self.attn = PagedDeepseekV4Attention(self.block.attn, views, kernels)
+        self.model = model
         self.num_tokens, self.max_model_len = num_tokens, max_model_len
 
     def run(self, batch: ScheduledBatch, step: StepInputs, tables: PageTables, hidden: torch.Tensor,
@@ -89,15 +84,9 @@ class MtpDrafter:
                  step: StepInputs, tables: PageTables, head_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The MTP block over rows ``h [T, hc, dim]`` (token ``next_ids[t]`` follows position
         ``positions[t]``): ``(its output stream [T, hc, dim], logits of head_rows)``."""
-        model, blk, rw = self.model, self.block, self.model.cfg.batch_invariant
         dev = h.device
         ids = torch.tensor(next_ids, dtype=torch.long, device=dev)
         mtp_step = dataclasses.replace(step, token_ids=ids, positions=torch.tensor(positions, dtype=torch.long,
                                                                                    device=dev),
                                        token_slot=torch.tensor(slots, dtype=torch.int32, device=dev), committed=None)
-        x = map_rows(blk.mtp_input, rw, h, model.embed(ids))
-        y, post, comb = map_rows(blk.attn_input, rw, x)
-        a = self.attn.forward(y, mtp_step, tables)
-        x = map_rows(blk.attn_output_and_ffn, rw, a, x, post, comb, ids)
-        head = x[torch.tensor(head_rows, dtype=torch.long, device=dev)]
-        return x, map_rows(model.logits, rw, map_rows(blk.mtp_collapse, rw, head))
+        return self.model.mtp_forward(h, mtp_step, tables, torch.tensor(head_rows, dtype=torch.long, device=dev))

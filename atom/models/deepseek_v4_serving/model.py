@@ -1,0 +1,95 @@
+"""DeepSeek-V4 for serving: the model the engine runs, one step of many sequences over the paged KV arena.
+
+It declares the reference model's parameters (:class:`ModelWeights`: the same names, shapes and formats,
+so ``load_checkpoint(..., model_class=DeepseekV4ForServing)`` and the sharded loader read the same
+checkpoint) and has its own modules for everything that runs per step: :class:`ServingBlock` (mHC and
+norms around the arena attention and the MoE). The reference model (:mod:`atom.models.deepseek_v4`) stays
+the CPU oracle the engine is tested against; this model never holds one.
+
+Entry points (all take the step's tensors, :class:`StepInputs`, and the page tables; none reads a device
+value back on the grouped MoE path):
+
+* :meth:`bind_arena`: the arena views and kernel ops every attention layer writes and reads through;
+* :meth:`forward`: logits of the rows that sample (of every row with ``all_rows``) and the final stream;
+* :meth:`commit`: after verification, advance the compressor state over the accepted drafts;
+* :meth:`mtp_forward`: the MTP block over given rows (speculative drafting);
+* :attr:`supports_decode_graphs`: whether a decode step can be recorded in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atom.kernels.backend import KernelSet
+from atom.model_ops.kv_views import KvViews
+from atom.model_ops.step_inputs import PageTables, RowSubset, StepInputs
+from atom.models.deepseek_v4.layers import map_rows
+from atom.models.deepseek_v4.model import ModelWeights
+from atom.models.deepseek_v4.rope import shared_rope_tables
+
+from .block import ServingBlock, ServingMTPBlock
+
+__all__ = ["DeepseekV4ForServing"]
+
+
+class DeepseekV4ForServing(ModelWeights):
+    """DeepSeek-V4 over the paged arena (module docstring); build it with ``load_checkpoint(...,
+    model_class=DeepseekV4ForServing)`` or load a state dict of the reference's names."""
+
+    block_class = ServingBlock
+    mtp_class = ServingMTPBlock
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def host_synced_layers(self) -> list[int]:
+        """Layers whose forward reads a device value back: their routed experts run one GEMM per expert
+        (quantized experts, or an expert-parallel rank)."""
+        return [i for i, block in enumerate(self.layers) if not block.ffn.host_free]
+
+    @property
+    def supports_decode_graphs(self) -> bool:
+        """Whether a decode step can be captured in a CUDA graph: on a CUDA/ROCm device, and no layer reads
+        a device value back (:attr:`host_synced_layers` empty)."""
+        return self.device.type == "cuda" and not self.host_synced_layers
+
+    def bind_arena(self, views: KvViews, kernels: KernelSet) -> None:
+        """Run every layer (the MTP block included) on the arena ``views`` with ``kernels``' ops, and every
+        quantized Linear's GEMM with ``kernels``' implementation."""
+        self.bind_kernels(kernels)
+        for block in list(self.layers) + list(self.mtp):
+            block.attn.bind_arena(views, kernels)
+
+    def forward(self, step: StepInputs, tables: PageTables, *, all_rows: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(fp32 logits of step.sample_rows, or of every row with all_rows; the final stream [N, hc, dim]
+        of every row)``; writes the step's KV rows into the arena."""
+        h = self.embed_tokens(step.token_ids)
+        with shared_rope_tables():  # each layer's rotations share one table per positions tensor
+            for block in self.layers:
+                h = block(h, step, tables)
+        if all_rows:
+            return self.head_logits(h), h
+        if step.sample_rows.shape[0] == 0:
+            return h.new_empty((0, self.cfg.vocab_size), dtype=torch.float32), h
+        return self.head_logits(h[step.sample_rows]), h
+
+    def commit(self, accepted: RowSubset, step: StepInputs, tables: PageTables) -> None:
+        """Advance every layer's compressor state over the accepted drafts (``accepted``: their rows of the
+        step just run)."""
+        for block in self.layers:
+            block.attn.commit(accepted, step, tables)
+
+    def mtp_forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables, head_rows: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MTP block over rows ``h [T, hc, dim]`` of the main stream, where ``step`` carries each row's
+        next token (``token_ids``), position and slot: ``(its output stream [T, hc, dim], the logits of
+        head_rows)``; writes the MTP layer's rows into the arena."""
+        if not self.mtp:
+            raise ValueError("this model has no MTP layer (num_nextn_predict_layers = 0, or loaded without it)")
+        block, rw = self.mtp[0], self.cfg.batch_invariant
+        x = map_rows(block.mtp_input, rw, h, self.embed(step.token_ids))
+        x = block(x, step, tables)
+        return x, map_rows(self.logits, rw, map_rows(block.mtp_collapse, rw, x[head_rows]))
