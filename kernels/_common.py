@@ -198,3 +198,17 @@ if HAS_TRITON:
             m = ok[:, None] & (w[None, :] < width)
             x = tl.load(src_ptr + src_off[:, None] + w[None, :], mask=m)
             tl.store(dst_ptr + dst_off[:, None] + w[None, :], x, mask=m)
+
+    @triton.jit
+    def mma(a, b, BF16: tl.constexpr, NATIVE: tl.constexpr):
+        """``a @ b`` accumulated in fp32. ``BF16``: the operands are rounded to bf16 and multiplied on the
+        bf16 tensor cores (``NATIVE``), or, in the interpreter (whose bf16 ``tl.dot`` is wrong), as the same
+        bf16 values in an fp32 dot: a product of two bf16 values is exact in fp32, so both give the same
+        products. Without ``BF16`` (fp32 values: the CPU verification path) an fp32 IEEE dot."""
+        if BF16:
+            a = a.to(tl.bfloat16)
+            b = b.to(tl.bfloat16)
+            if NATIVE:
+                return tl.dot(a, b)
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, b, input_precision="ieee")

@@ -7,7 +7,8 @@ candidate key rows ``key_rows[key_idx[t, n]]`` (``-1`` = no candidate)::
 
 The key rows are plain fp32/bf16 rows (``codec=None``) or uint8 FP8 key rows (``codec`` = their
 :class:`~atom.kernels.fp8_index_key.Fp8IndexKeyLayout`). The Triton kernel decodes FP8 keys tile by
-tile in registers (one program per token and block of candidates; fp32 dots with IEEE precision);
+tile in registers (one program per token and block of candidates; bf16 tensor-core dots when the
+queries are bf16 and the keys bf16 or FP8, both exact in bf16; fp32 IEEE dots otherwise);
 no dequantized copy of the keys is made. The reference gathers and decodes each token's valid keys
 and evaluates exactly the reference model's ``Indexer.score`` expression on them, so the engine's
 picks equal the reference model's bit for bit on the torch path.
@@ -53,12 +54,14 @@ def index_score_ref(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, ke
 
 
 if HAS_TRITON:
+    from ._common import mma
     from .kv_rows import load_rows
 
     @triton.jit
     def _index_score_kernel(q_ptr, w_ptr, rows_ptr, idx_ptr, out_ptr, heads, dim, n_idx, q_s0, q_s1, w_s0,
                             rows_stride, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                            FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr):
+                            FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr,
+                            BF16: tl.constexpr, NATIVE: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         h = tl.arange(0, BLOCK_H)
@@ -69,9 +72,15 @@ if HAS_TRITON:
         idx = tl.load(idx_ptr + t * n_idx + n, mask=n < n_idx, other=-1)
         valid = idx >= 0
         k = load_rows(rows_ptr, idx.to(tl.int64) * rows_stride, valid, d, dim, FMT, NOPE, ROPE, QBLOCK)
-        s = tl.maximum(tl.dot(q, tl.trans(k), input_precision="ieee"), 0.0)  # [BLOCK_H, BLOCK_N]
+        s = tl.maximum(mma(q, tl.trans(k), BF16, NATIVE), 0.0)  # [BLOCK_H, BLOCK_N]
         score = tl.sum(s * w[:, None], axis=0)
         tl.store(out_ptr + t * n_idx + n, tl.where(valid, score, float("-inf")), mask=n < n_idx)
+
+
+def _bf16_keys(q: torch.Tensor, key_rows: torch.Tensor, codec: RowCodec) -> bool:
+    """bf16 tensor-core dots when both operands are exact in bf16: bf16 queries, and bf16 keys or FP8 keys
+    (e4m3 times a power-of-two scale fits bf16's 8-bit mantissa and exponent range)."""
+    return q.dtype == torch.bfloat16 and (codec is not None or key_rows.dtype == torch.bfloat16)
 
 
 def index_score(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, key_idx: torch.Tensor, *,
@@ -97,5 +106,6 @@ def index_score(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, key_id
     grid = (num_tokens, triton.cdiv(key_idx.shape[1], block_n))
     _index_score_kernel[grid](q, w, key_rows, key_idx, out, heads, dim, key_idx.shape[1], q.stride(0), q.stride(1),
                               w.stride(0), key_rows.stride(0), BLOCK_H=max(16, next_pow2(heads)), BLOCK_N=block_n,
-                              BLOCK_D=max(16, next_pow2(dim)), **fmt)
+                              BLOCK_D=max(16, next_pow2(dim)), BF16=_bf16_keys(q, key_rows, codec),
+                              NATIVE=tiles_for(q.device).native_bf16_dot, **fmt)
     return out

@@ -11,9 +11,11 @@ zero), so attention mass may be < 1 and a token with no valid row gets an all-ze
 
 The Triton kernel is FlashAttention-style: one program per (token, block of heads), an online
 softmax over blocks of ``BLOCK_N`` indices of each source, started from the sink (running max =
-sink, running sum = 1, accumulator = 0). Accumulation is fp32; dots are fp32 with IEEE precision
-(bf16 rows are upcast: the interpreter's bf16 ``tl.dot`` is wrong, see triton_on_cpu.md), which a
-tuned GPU path may relax. Output has ``q``'s dtype.
+sink, running sum = 1, accumulator = 0). Accumulation is fp32. With bf16 ``q`` both dots run on bf16
+tensor cores (``_common.mma``): ``Q K^T`` is exact (the rows are exact in bf16), the probabilities are
+rounded to bf16 for ``P V`` (error at most ``2^-8 max|row|``); in the interpreter, whose bf16 ``tl.dot``
+is wrong, the same bf16 values are multiplied in an fp32 dot. With fp32 ``q`` the dots are fp32 IEEE.
+Output has ``q``'s dtype.
 
 Row formats: the window and compressed rows are plain rows of ``q``'s dtype (``codec=None``) or uint8
 ``fp8_ds_mla`` byte rows (``codec`` = their :class:`~atom.kernels.fp8_ds_mla.Fp8DsMlaLayout`), decoded
@@ -89,12 +91,13 @@ def _gather(rows: torch.Tensor, idx: torch.Tensor, codec: RowCodec) -> torch.Ten
 
 if HAS_TRITON:
 
+    from ._common import mma
     from .kv_rows import load_rows
 
     @triton.jit
     def _attend_source(q, m_i, l_i, acc, rows_ptr, rows_stride, idx_ptr, n_idx, dim, scale,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr, NOPE: tl.constexpr,
-                       ROPE: tl.constexpr, QBLOCK: tl.constexpr):
+                       ROPE: tl.constexpr, QBLOCK: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr):
         """Fold the rows listed at idx_ptr[0:n_idx] into the online-softmax state (m_i, l_i, acc)."""
         d = tl.arange(0, BLOCK_D)
         for n0 in range(0, n_idx, BLOCK_N):
@@ -102,13 +105,13 @@ if HAS_TRITON:
             idx = tl.load(idx_ptr + n, mask=n < n_idx, other=-1)
             valid = idx >= 0
             kv = load_rows(rows_ptr, idx.to(tl.int64) * rows_stride, valid, d, dim, FMT, NOPE, ROPE, QBLOCK)
-            s = tl.dot(q, tl.trans(kv), input_precision="ieee") * scale
+            s = mma(q, tl.trans(kv), BF16, NATIVE) * scale
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="ieee")
+            acc = acc * alpha[:, None] + mma(p, kv, BF16, NATIVE)
             m_i = m_new
         return m_i, l_i, acc
 
@@ -117,7 +120,8 @@ if HAS_TRITON:
                                  sink_ptr, heads, dim, n_win, n_comp, q_s0, q_s1, o_s0, o_s1, wrows_stride,
                                  crows_stride, scale, HAS_COMP: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                                 FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr):
+                                 FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr,
+                                 BF16: tl.constexpr, NATIVE: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         d = tl.arange(0, BLOCK_D)
@@ -128,10 +132,10 @@ if HAS_TRITON:
         l_i = tl.full([BLOCK_H], 1.0, tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
         m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, wrows_ptr, wrows_stride, widx_ptr + t * n_win, n_win,
-                                       dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK)
+                                       dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK, BF16, NATIVE)
         if HAS_COMP:
             m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, crows_ptr, crows_stride, cidx_ptr + t * n_comp,
-                                           n_comp, dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK)
+                                           n_comp, dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK, BF16, NATIVE)
         out = acc / l_i[:, None]
         tl.store(out_ptr + t * o_s0 + h[:, None] * o_s1 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=qm)
 
@@ -168,5 +172,6 @@ def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: tor
                                    window_idx.shape[1], cidx.shape[1], q.stride(0), q.stride(1),
                                    out.stride(0), out.stride(1), window_rows.stride(0), crows.stride(0),
                                    scale, HAS_COMP=has_comp, BLOCK_H=block_h,
-                                   BLOCK_N=tiles.attn_rows, BLOCK_D=block_d, **fmt)
+                                   BLOCK_N=tiles.attn_rows, BLOCK_D=block_d,
+                                   BF16=q.dtype == torch.bfloat16, NATIVE=tiles.native_bf16_dot, **fmt)
     return out

@@ -47,18 +47,19 @@ class Tiles:
     gemm_bn: int  # fp8 / mxfp4 weight GEMMs: output columns per program (divides 128)
     gemm_bk: int  # ... inputs per K step (divides 128, a multiple of 32)
     sinkhorn_tokens: int  # hc_sinkhorn: tokens per program
+    native_bf16_dot: bool  # bf16 tl.dot on tensor cores (the interpreter's is wrong: it emulates it in fp32)
 
 
 TILES: dict[str, Tiles] = {
     "interpreter": Tiles(copy_rows=64, copy_width=4096, entry_pool_width=4096, codec_rows=64, index_tokens=64,
                          index_width=1024, attn_heads=64, attn_rows=64, score_rows=64, gemm_bn=128, gemm_bk=128,
-                         sinkhorn_tokens=16),
+                         sinkhorn_tokens=16, native_bf16_dot=False),
     "cuda": Tiles(copy_rows=16, copy_width=512, entry_pool_width=64, codec_rows=16, index_tokens=16,
                   index_width=128, attn_heads=16, attn_rows=32, score_rows=32, gemm_bn=64, gemm_bk=128,
-                  sinkhorn_tokens=16),
+                  sinkhorn_tokens=16, native_bf16_dot=True),
     "hip": Tiles(copy_rows=16, copy_width=512, entry_pool_width=64, codec_rows=16, index_tokens=16,
                  index_width=128, attn_heads=16, attn_rows=32, score_rows=32, gemm_bn=64, gemm_bk=128,
-                 sinkhorn_tokens=16),
+                 sinkhorn_tokens=16, native_bf16_dot=True),
 }
 
 _override = threading.local()

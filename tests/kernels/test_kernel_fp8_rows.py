@@ -168,6 +168,23 @@ def test_triton_index_score_matches_the_reference(codec, gen):
     torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-5 * float(want[finite].abs().max()))
 
 
+@pytest.mark.parametrize("codec", [None, KEY], ids=["bf16-keys", "fp8-keys"])
+@pytest.mark.parametrize("tokens,heads,width", [(7, 4, 70), (1, 64, 33), (3, 20, 129)],
+                         ids=["ragged", "one-token-64-heads", "heads-past-a-tile"])
+def test_triton_index_score_on_bf16_tensor_cores_matches_the_reference(codec, tokens, heads, width, gen):
+    """bf16 queries with bf16 or FP8 keys take the bf16 dot; both operands are exact in bf16, so only the
+    fp32 summation order differs from the reference (same tolerance as fp32)."""
+    q, w, rows, idx, _ = index_inputs(gen, codec, tokens=tokens, heads=heads, width=width)
+    q, w = q.to(torch.bfloat16), w.to(torch.bfloat16)
+    if codec is None:
+        rows = rows.to(torch.bfloat16)
+    got = index_score(q, w, rows, idx, codec=codec)
+    want = index_score_ref(q, w, rows, idx, codec=codec)
+    assert torch.equal(got.isinf(), want.isinf())
+    finite = ~want.isinf()
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-5 * float(want[finite].abs().max()))
+
+
 def test_index_score_rejects_keys_of_another_width(gen):
     q, w, rows, idx, _ = index_inputs(gen, KEY)
     with pytest.raises(ValueError, match="q has 8 dims"):

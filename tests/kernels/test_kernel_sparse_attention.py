@@ -71,12 +71,25 @@ def test_triton_equals_the_reference_in_fp32(T, W, Kc, gen):
     assert not bool(got.isnan().any())
 
 
-def test_triton_equals_the_reference_in_bf16_within_one_ulp(gen):
-    q, wrows, widx, crows, cidx, sink = random_case(5, 4, 32, 20, 20, 8, 20, gen, dtype=torch.bfloat16)
-    got = sparse_attention(q, wrows, widx, crows, cidx, sink, scale=32 ** -0.5)
-    ref = sparse_attention_ref(q, wrows, widx, crows, cidx, sink, scale=32 ** -0.5)
-    # the interpreter truncates fp32 -> bf16 (triton_on_cpu.md 2.3), so allow one bf16 ulp
-    torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -7, atol=1e-3)
+def assert_within_bf16_probability_rounding(got, ref, rows):
+    """With bf16 values the kernel multiplies P @ V on bf16 tensor cores: each probability is rounded
+    to bf16 (relative error < 2^-8 under the interpreter's truncation, 2^-9 with a GPU's RTNE) while the
+    denominator keeps the fp32 sum, so |out - ref| <= 2^-8 * sum_j p_j |v_j| / l <= 2^-8 * max |v|; the
+    bf16 output adds one bf16 ulp (2^-7 relative under truncation). Q K^T is exact: bf16 products fit fp32."""
+    bound = 2 ** -8 * float(rows.float().abs().max()) + 2 ** -7 * ref.float().abs()
+    err = (got.float() - ref.float()).abs()
+    assert bool((err <= bound).all()), float((err - bound).max())
+
+
+@pytest.mark.parametrize("T,H,D,W,Kc", [(5, 4, 32, 8, 20), (3, 20, 48, 5, 37), (1, 64, 16, 16, 0)],
+                         ids=["prefill", "heads-past-a-tile-ragged-dims", "one-token-decode-no-comp"])
+def test_triton_equals_the_reference_in_bf16_within_the_probability_rounding(T, H, D, W, Kc, gen):
+    q, wrows, widx, crows, cidx, sink = random_case(T, H, D, 20, 40, W, Kc, gen, dtype=torch.bfloat16)
+    widx[0, : W // 2] = -1
+    comp = (crows, cidx) if Kc else (None, None)
+    got = sparse_attention(q, wrows, widx, *comp, sink, scale=D ** -0.5)
+    ref = sparse_attention_ref(q, wrows, widx, *comp, sink, scale=D ** -0.5)
+    assert_within_bf16_probability_rounding(got, ref, torch.cat([wrows, crows]))
 
 
 def _topk_of_visible(pos, ratio, k, gen):
