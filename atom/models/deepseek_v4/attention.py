@@ -13,6 +13,8 @@ Per token at position t (``x`` = the block's normalised input):
 * ``project_out``: inverse RoPE at t on each head's tail, grouped ``wo_a`` (one slice per group), then ``wo_b``.
 
 ``project`` (token-local) -> ``core`` (cache update, per-query gather + attend) -> ``project_out`` (token-local).
+``AttentionWeights`` holds the parameters and the token-local parts (shared with the serving model's arena
+attention); ``Attention`` adds the reference's ``core`` over the explicit cache.
 Attention is computed one query at a time so a query's result never depends on the chunk it was computed in; with
 ``cfg.batch_invariant`` the token-local parts run one token at a time too (``map_rows``).
 """

@@ -6,6 +6,9 @@
   softmax scoring), times ``route_scale``.
 * Expert: ``w2(silu(min(w1 x, L)) * clamp(w3 x, -L, L))`` with ``L = swiglu_limit``; the routing weight multiplies
   the activation before ``w2``.  The shared expert always runs and is added last.
+
+``MoEWeights`` holds the parameters and both routed paths (shared with the serving model's MoE); ``MoE`` is
+the reference's forward.
 """
 
 from __future__ import annotations
