@@ -2,7 +2,7 @@
 
 Each subsystem gets its own small config; a bad value raises ``ValueError`` naming the field, the
 value and what is accepted. Values measured at run time (how many chunks the arena got) live in
-result objects such as :class:`atom.model_engine.kv_layout.KvLayout`, never back in a config.
+result objects such as :class:`atom.kv.kv_layout.KvLayout`, never back in a config.
 
 This module is pure Python (no torch): the control plane imports it.
 """

@@ -1,4 +1,5 @@
-"""The layers of the package stay one-directional: no two subpackages of ``atom`` import each other.
+"""The layers of the package stay one-directional, and each room imports only what docs/architecture.md
+says it may.
 
 A subpackage is ``atom.<name>`` (a folder, or a top-level module); ``kernels/`` counts as
 ``atom.kernels``. Every import statement is read from the source, function-level ones included,
@@ -42,7 +43,8 @@ def _edges() -> set[tuple[str, str]]:
 
 def test_the_import_graph_finds_the_known_layering():
     edges = _edges()
-    assert ("atom.model_executor", "atom.model_engine") in edges  # the runner reads the batch contract
+    assert ("atom.model_executor", "atom.step_contract") in edges  # the runner reads the batch contract
+    assert ("atom.model_engine", "atom.kv") in edges  # the scheduler drives the block manager
     assert ("atom.model_ops", "atom.kernels") in edges
 
 
@@ -50,3 +52,39 @@ def test_no_two_subpackages_import_each_other():
     edges = _edges()
     cycles = sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges and a < b)
     assert cycles == []
+
+
+# What each room may import of atom (docs/architecture.md, "Rooms"). A room not listed here is bound
+# only by the no-cycle rule above.
+ALLOWED = {
+    # the KV memory: nothing of the step loop, the output side or speculative decoding
+    "atom.kv": {"atom.config", "atom.kv_group", "atom.validation"},
+    "atom.output": {"atom.kv", "atom.sampling_params", "atom.validation"},
+    "atom.step_contract": {"atom.kv", "atom.output", "atom.sampling_params"},
+    # speculative decoding: no step loop, no server, no runner; the drafter runs the model's layers
+    "atom.spec_decode": {"atom.step_contract", "atom.kv", "atom.kv_group", "atom.sampling_params", "atom.config",
+                         "atom.validation", "atom.models", "atom.model_ops", "atom.kernels"},
+    # the step loop: pure Python, so no model, kernels, runner or server
+    "atom.model_engine": {"atom.kv", "atom.output", "atom.spec_decode", "atom.step_contract", "atom.config",
+                          "atom.kv_group", "atom.sampling_params", "atom.tokenizer", "atom.validation"},
+}
+
+#: Test oracles and stand-ins: only tests and benchmarks use them.
+TESTING_USERS = {"atom.bench"}
+
+
+def _broken_rules(edges: set[tuple[str, str]]) -> list[str]:
+    broken = {f"{a} -> {b}" for a, b in edges if a in ALLOWED and b not in ALLOWED[a]}
+    broken |= {f"{a} -> {b}" for a, b in edges if b == "atom.testing" and a not in TESTING_USERS}
+    return sorted(broken)
+
+
+def test_every_room_imports_only_what_the_architecture_allows():
+    assert _broken_rules(_edges()) == []
+
+
+def test_a_forbidden_import_is_reported():
+    edges = {("atom.kv", "atom.model_engine"), ("atom.spec_decode", "atom.entrypoints"),
+             ("atom.model_engine", "atom.testing"), ("atom.model_engine", "atom.kv")}
+    assert _broken_rules(edges) == ["atom.kv -> atom.model_engine", "atom.model_engine -> atom.testing",
+                                    "atom.spec_decode -> atom.entrypoints"]

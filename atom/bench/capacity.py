@@ -49,7 +49,7 @@ from atom.bench.kv_accounting import request_kv_bytes
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.kv_group import is_csa
 from atom.models.deepseek_v4.config import DeepseekV4Config
-from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
+from atom.kv.kv_layout import KvLayout, plan_kv_layout
 
 MIXES = tuple(i / 10 for i in range(11))
 GEOMETRIES = (("deepseek_v4_flash", "fp8_ds_mla"), ("deepseek_v4_pro", "fp8_ds_mla"),

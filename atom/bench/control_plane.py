@@ -29,11 +29,11 @@ from typing import Sequence as Seq
 
 from atom.bench.control_plane_ops import WORKLOADS, measure_ops
 from atom.config import CacheConfig, SchedulerConfig
-from atom.model_engine.block_manager import BlockManager
+from atom.kv.block_manager import BlockManager
 from atom.testing.fake_runner import FakeRunner
-from atom.model_engine.kv_layout import KvLayout, chunk_shape
+from atom.kv.kv_layout import KvLayout, chunk_shape
 from atom.model_engine.llm_engine import LLMEngine
-from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
+from atom.step_contract import RunnerOutput, ScheduledBatch
 from atom.model_engine.scheduler import Scheduler
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 
 from atom.config import CacheConfig, SchedulerConfig
-from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.kv_layout import KvLayout, chunk_shape
+from atom.kv.block_manager import BlockManager
+from atom.kv.kv_layout import KvLayout, chunk_shape
 from atom.model_engine.sequence import Sequence
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from atom.config import CacheConfig, SchedulerConfig
-from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
+from atom.kv.kv_layout import KvLayout, plan_kv_layout
 from atom.models.deepseek_v4.checkpoint import release_format, stored_dtype
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.models.deepseek_v4.model import DeepseekV4Model

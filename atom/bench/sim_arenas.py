@@ -1,7 +1,7 @@
 """The arenas the trace simulator compares against this project's elastic arena.
 
-Every class here has the interface that :class:`~atom.model_engine.block_manager.BlockManager` and
-its pools use on :class:`~atom.model_engine.unified_kv_arena.UnifiedKvArena` (``alloc`` / ``free`` /
+Every class here has the interface that :class:`~atom.kv.block_manager.BlockManager` and
+its pools use on :class:`~atom.kv.unified_kv_arena.UnifiedKvArena` (``alloc`` / ``free`` /
 ``page`` / ``can_alloc`` / ``chunks_needed`` / ``chunk_of`` / ``chunk_used_pages`` /
 ``lends_between_owners`` ...), so the *same* block manager and scheduler run over each of them:
 
@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING
 
 from atom.bench.capacity import atom_style_chunks, ring_state_bytes
 from atom.config import CacheConfig
-from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.chunk_arena import ChunkArena, ChunkBackedFreeList
-from atom.model_engine.kv_layout import KvLayout
-from atom.model_engine.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
+from atom.kv.block_manager import BlockManager
+from atom.kv.chunk_arena import ChunkArena, ChunkBackedFreeList
+from atom.kv.kv_layout import KvLayout
+from atom.kv.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
 
 if TYPE_CHECKING:
     from atom.bench.simulate import SimConfig

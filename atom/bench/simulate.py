@@ -42,11 +42,11 @@ from atom.bench.sim_arenas import (ARENA, ARENA_POLICIES, OTHER_POLICIES, Policy
 from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, first_prompt, request_id, segment_tokens
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.testing.fake_runner import FakeRunner
-from atom.model_engine.kv_layout import KvLayout, plan_kv_layout
+from atom.kv.kv_layout import KvLayout, plan_kv_layout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
-from atom.model_engine.unified_kv_arena import COMPRESS, STATE, SWA
+from atom.kv.unified_kv_arena import COMPRESS, STATE, SWA
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from atom.config import MAX_SPECULATIVE_TOKENS, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atom.engine_builder import build_engine
-from atom.model_engine.draft_source import DraftSource, ReplayDraft
+from atom.spec_decode.draft_source import DraftSource
+from atom.testing.replay_draft import ReplayDraft
 from atom.sampling_params import SamplingParams
 
 __all__ = ["SpecRun", "run_speculative", "bench_prompts", "main"]

@@ -41,7 +41,7 @@ from atom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from atom.model_engine.llm_engine import LLMEngine
-    from atom.model_engine.request_output import RequestOutput
+    from atom.output.request_output import RequestOutput
 
 __all__ = ["AsyncEngine", "RequestGroup", "EngineDeadError", "ServerStoppingError"]
 

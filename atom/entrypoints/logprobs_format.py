@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
-    from atom.model_engine.request_output import TokenLogprobs
+    from atom.output.request_output import TokenLogprobs
     from atom.tokenizer import Tokenizer
 
 __all__ = ["completion_logprobs", "chat_logprobs"]

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from atom.model_engine.request_output import EngineStats
+    from atom.output.request_output import EngineStats
 
 __all__ = ["ServerMetrics", "CONTENT_TYPE_LATEST"]
 

@@ -32,7 +32,7 @@ from atom.entrypoints.protocol import (ApiError, ChatCompletionRequest, Completi
 from atom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from atom.model_engine.request_output import RequestOutput, TokenLogprobs
+    from atom.output.request_output import RequestOutput, TokenLogprobs
 
 __all__ = ["OpenAIServing", "Prepared"]
 

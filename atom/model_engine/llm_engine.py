@@ -21,9 +21,9 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence as Seq
 
-from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
-from atom.model_engine.request_text import RequestText
-from atom.model_engine.request_output import EngineStats, RequestOutput, TokenLogprobs
+from atom.step_contract import RunnerOutput, ScheduledBatch
+from atom.output.request_text import RequestText
+from atom.output.request_output import EngineStats, RequestOutput, TokenLogprobs
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.sampling_params import SamplingParams

@@ -39,12 +39,12 @@ from __future__ import annotations
 from collections import deque
 
 from atom.config import SchedulerConfig
-from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.chunk_arena import ArenaEmpty
-from atom.model_engine.draft_source import DraftSource
-from atom.model_engine.outputs import RunnerOutput, ScheduledBatch, ScheduledSeq
+from atom.kv.block_manager import BlockManager
+from atom.kv.chunk_arena import ArenaEmpty
+from atom.spec_decode.draft_source import DraftSource
+from atom.step_contract import RunnerOutput, ScheduledBatch, ScheduledSeq
 from atom.model_engine.sequence import Sequence, SequenceStatus
-from atom.model_engine.spec_counters import SpecCounters
+from atom.spec_decode.spec_counters import SpecCounters
 
 __all__ = ["Scheduler", "StepResult"]
 
@@ -218,7 +218,7 @@ class Scheduler:
     def _restart_alone(self, seq: Sequence) -> None:
         """``seq`` cannot progress even alone: its pages sit in chunks shared with cached pages,
         which can never be lent. Drop the whole cache and let it run alone from scratch, where the
-        layout's one-request promise (:func:`~atom.model_engine.kv_layout.request_chunks_needed`)
+        layout's one-request promise (:func:`~atom.kv.kv_layout.request_chunks_needed`)
         holds; other requests are admitted again once it finishes."""
         self.bm.drop_cache()
         self._solo = seq.seq_id

@@ -2,21 +2,21 @@
 
 Everything the KV arena lends a request (compressed and SWA block tables, the state page, the
 restore source, how far its blocks are published) is the block manager's
-(:class:`~atom.model_engine.kv_holdings.KvHoldings`), never the sequence's. What the sequence keeps
+(:class:`~atom.kv.kv_holdings.KvHoldings`), never the sequence's. What the sequence keeps
 beside its tokens is derived from them alone: the chained block hashes and exact block keys
-(:mod:`atom.model_engine.kv_block`), computed once per block.
+(:mod:`atom.kv.kv_block`), computed once per block.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-from dataclasses import dataclass
 
-from atom.model_engine.kv_block import chain_hashes
+from atom.kv.kv_block import chain_hashes
+from atom.kv.prefix_stats import PrefixStats
 from atom.sampling_params import SamplingParams
 
-__all__ = ["SequenceStatus", "Sequence", "PrefixStats"]
+__all__ = ["SequenceStatus", "Sequence"]
 
 
 class SequenceStatus(enum.Enum):
@@ -29,17 +29,6 @@ class SequenceStatus(enum.Enum):
     @property
     def finished(self) -> bool:
         return self.value in ("stop", "length", "abort")
-
-
-@dataclass(slots=True)
-class PrefixStats:
-    """Where a request's prompt tokens came from (set when it is admitted, tokens)."""
-
-    prompt_tokens: int = 0
-    reused: int = 0
-    lost_to_evicted_kv: int = 0
-    lost_to_swa_window: int = 0
-    lost_to_csa_state: int = 0
 
 
 _ids = itertools.count()

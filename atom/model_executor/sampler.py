@@ -17,9 +17,9 @@ from typing import Iterable
 
 import torch
 
-from atom.model_engine.request_output import TokenLogprobs
+from atom.output.request_output import TokenLogprobs
 from atom.model_executor.logits_processors import SequenceHistory, apply_logits_processors, token_logprobs
-from atom.model_executor.rejection_sampler import greedy_accept, rejection_sample
+from atom.spec_decode.rejection_sampler import greedy_accept, rejection_sample
 from atom.sampling_params import SamplingParams
 
 __all__ = ["Sampler"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from atom.model_engine.outputs import ScheduledBatch
+from atom.step_contract import ScheduledBatch
 from atom.model_ops.step_inputs import EntryList, PageTables, StepInputs
 
 __all__ = ["DecodeBuffers", "decode_buckets"]

@@ -1,6 +1,6 @@
 """Binding the KV arena: one byte buffer, and the per-layer tensor views the kernels address.
 
-The layout (:class:`atom.model_engine.kv_layout.KvLayout`) decides every byte offset; this module only
+The layout (:class:`atom.kv.kv_layout.KvLayout`) decides every byte offset; this module only
 turns offsets into views, so the runner has no geometry of its own:
 
 - ``swa[layer]``: 2D ``[rows, head_dim]`` over every layer's SWA rows; row = ``page * row_stride + pos % B``;
@@ -14,7 +14,7 @@ turns offsets into views, so the runner has no geometry of its own:
 
 The state views address pages of the arena's ``state`` owner (a request's ``state_slot`` is its
 page): page ``p`` starts at byte ``p * state_page_bytes`` (state pages tile chunks exactly), each
-part at its offset inside the page (:mod:`atom.model_engine.state_layout`). A view spans every
+part at its offset inside the page (:mod:`atom.kv.state_layout`). A view spans every
 page of the buffer; only pages of chunks the state owner holds are ever addressed.
 
 Rows are stored in the layout's row format: ``fp32`` / ``bf16`` views of values, or, for ``fp8_ds_mla``,
@@ -34,7 +34,7 @@ import torch
 from atom.kernels.fp8_ds_mla import Fp8DsMlaLayout
 from atom.kernels.fp8_index_key import Fp8IndexKeyLayout
 from atom.kv_group import CSA_OVERLAP_ROWS, is_csa
-from atom.model_engine.kv_layout import KvLayout, RowRegion
+from atom.kv.kv_layout import KvLayout, RowRegion
 
 __all__ = ["CsaViews", "KvViews", "bind_kv_arena", "row_codecs"]
 

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import torch
 
-from atom.model_engine.outputs import ScheduledBatch
-from atom.model_engine.unified_kv_arena import COMPRESS, SWA
+from atom.step_contract import ScheduledBatch
+from atom.kv.unified_kv_arena import COMPRESS, SWA
 
 __all__ = ["EntryList", "PageTables", "RowSubset", "StepInputs", "build_step_inputs", "row_subset"]
 

@@ -24,7 +24,7 @@ from typing import TextIO
 
 import torch
 
-from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
+from atom.step_contract import RunnerOutput, ScheduledBatch
 from atom.model_executor.model_runner import ModelRunner
 from atom.parallel.process_group import RankGroup, free_port, join
 from atom.parallel.sharding import ParameterBytes

@@ -12,8 +12,8 @@ tokens, only how many a step yields. With a
 from __future__ import annotations
 
 from atom.testing.kv_content_model import KvContentModel
-from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
-from atom.model_engine.unified_kv_arena import COMPRESS, SWA
+from atom.step_contract import RunnerOutput, ScheduledBatch
+from atom.kv.unified_kv_arena import COMPRESS, SWA
 
 __all__ = ["FakeRunner"]
 

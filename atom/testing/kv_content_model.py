@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Callable
 
 from atom.config import Dsv4KvSpec
-from atom.model_engine.outputs import ScheduledBatch, ScheduledSeq
-from atom.model_engine.unified_kv_arena import COMPRESS, SWA
+from atom.step_contract import ScheduledBatch, ScheduledSeq
+from atom.kv.unified_kv_arena import COMPRESS, SWA
 
 __all__ = ["KvContentModel", "KvContentError"]
 

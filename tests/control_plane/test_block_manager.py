@@ -2,9 +2,9 @@
 
 import pytest
 
-from atom.model_engine.block_pool import BlockPool
-from atom.model_engine.prefix_index import PrefixIndex
-from atom.model_engine.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
+from atom.kv.block_pool import BlockPool
+from atom.kv.prefix_index import PrefixIndex
+from atom.kv.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
 
 
 def test_a_repeated_prompt_reuses_its_full_blocks_and_recomputes_the_last_one(harness):
@@ -36,7 +36,7 @@ def test_vacant_ids_are_used_before_any_cached_block_is_evicted(harness):
 
 def small_pool(num_chunks: int) -> BlockPool:
     from atom.config import Dsv4KvSpec, SchedulerConfig
-    from atom.model_engine.kv_layout import KvLayout
+    from atom.kv.kv_layout import KvLayout
     spec = Dsv4KvSpec(compress_ratios=(0, 4, 16), sliding_window=8, head_dim=32, rope_head_dim=8,
                       index_head_dim=16, row_format="fp32")
     lay = KvLayout.for_chunks(spec, num_chunks, SchedulerConfig(max_num_seqs=1, max_model_len=16))

@@ -7,10 +7,10 @@ import random
 import pytest
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
-from atom.model_engine.block_pool import BlockPool
-from atom.model_engine.kv_layout import KvLayout
-from atom.model_engine.prefix_index import PrefixIndex
-from atom.model_engine.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
+from atom.kv.block_pool import BlockPool
+from atom.kv.kv_layout import KvLayout
+from atom.kv.prefix_index import PrefixIndex
+from atom.kv.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
 
 
 def pool_of(owner: str, num_chunks: int, chunk_pages: int) -> BlockPool:

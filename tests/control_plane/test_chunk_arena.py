@@ -2,7 +2,7 @@
 
 import pytest
 
-from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
+from atom.kv.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
 
 
 def test_a_fresh_arena_hands_out_chunks_from_the_front_and_reuses_the_last_released():

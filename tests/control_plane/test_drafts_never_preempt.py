@@ -2,9 +2,9 @@
 a cached block or release a retention pin; when the arena is short a request drafts fewer tokens."""
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
-from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.draft_source import ReplayDraft
-from atom.model_engine.kv_layout import KvLayout
+from atom.kv.block_manager import BlockManager
+from atom.testing.replay_draft import ReplayDraft
+from atom.kv.kv_layout import KvLayout
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.sampling_params import SamplingParams
@@ -69,7 +69,7 @@ def test_growth_for_drafts_takes_free_pages_only_and_evicts_nothing(harness):
     # a finished request leaves cached blocks and pins; a running one then grows block by block with
     # spare_only until the free pages run out: that growth is refused and no cached block or pin moves,
     # while the same growth without spare_only evicts to make its room
-    from atom.model_engine.chunk_arena import ArenaEmpty
+    from atom.kv.chunk_arena import ArenaEmpty
 
     h = harness(num_chunks=12, full_retain=True, interval=32, budget=32, max_model_len=512)
     h.add([(7 * i + 3) % 997 + 1 for i in range(100)], max_tokens=2)

@@ -1,4 +1,5 @@
-"""The control plane must import with torch and triton unavailable (it is tested in milliseconds)."""
+"""The control plane must import with torch and triton unavailable (it is tested in milliseconds): the KV
+memory, the step loop, the output side, and the pure modules of speculative decoding and testing."""
 
 import subprocess
 import sys
@@ -14,9 +15,12 @@ class Block:
             raise ImportError('control plane imported ' + name)
         return None
 sys.meta_path.insert(0, Block())
-import atom.model_engine as pkg
-names = ['atom.config', 'atom.envs', 'atom.bench.capacity', 'atom.models.deepseek_v4.config']
-names += [m.name for m in pkgutil.iter_modules(pkg.__path__, 'atom.model_engine.')]
+names = ['atom.config', 'atom.envs', 'atom.bench.capacity', 'atom.models.deepseek_v4.config', 'atom.step_contract',
+         'atom.spec_decode.draft_source', 'atom.spec_decode.spec_counters', 'atom.testing.replay_draft',
+         'atom.testing.fake_runner', 'atom.testing.kv_content_model']
+for pkg_name in ('atom.kv', 'atom.model_engine', 'atom.output'):
+    pkg = importlib.import_module(pkg_name)
+    names += [m.name for m in pkgutil.iter_modules(pkg.__path__, pkg_name + '.')]
 for name in names:
     importlib.import_module(name)
 print(len(names))

@@ -3,7 +3,7 @@
 import pytest
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
-from atom.model_engine.kv_layout import InsufficientKvMemory, KvLayout, choose_chunk_pages, plan_kv_layout
+from atom.kv.kv_layout import InsufficientKvMemory, KvLayout, choose_chunk_pages, plan_kv_layout
 from atom.models.deepseek_v4.config import DeepseekV4Config
 
 GIB = 1 << 30

@@ -4,8 +4,8 @@ request's token after it to be the one the boundary block's last MTP row was com
 import pytest
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
-from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.kv_layout import KvLayout
+from atom.kv.block_manager import BlockManager
+from atom.kv.kv_layout import KvLayout
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
 from atom.sampling_params import SamplingParams

@@ -1,7 +1,7 @@
 """A refused admission changes nothing: the cache's LRU order, the retention pins and their order,
 every block's references and age, the prefix index and the arena are exactly as before."""
 
-from atom.model_engine.block_manager import BlockManager
+from atom.kv.block_manager import BlockManager
 
 
 def unique(n, salt):

@@ -4,7 +4,7 @@ block manager and content model found."""
 from array import array
 
 import atom.model_engine.sequence as sequence_module
-from atom.model_engine.page_map import COMPRESS
+from atom.kv.page_map import COMPRESS
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.sampling_params import SamplingParams
 
@@ -29,7 +29,7 @@ def test_a_request_of_the_length_the_arena_was_sized_for_runs_after_scattered_ca
 def test_one_fewer_chunk_than_the_promise_is_refused_at_sizing(harness):
     import pytest
 
-    from atom.model_engine.kv_layout import InsufficientKvMemory
+    from atom.kv.kv_layout import InsufficientKvMemory
 
     with pytest.raises(InsufficientKvMemory, match="7 chunks"):
         harness(num_chunks=6, chunk_pages=2, max_model_len=512, spec_overrides={"sliding_window": 49})

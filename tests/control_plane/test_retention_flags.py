@@ -3,7 +3,7 @@
 import pytest
 
 from atom.config import CacheConfig
-from atom.model_engine.page_map import COMPRESS, SWA
+from atom.kv.page_map import COMPRESS, SWA
 
 SHARED = list(range(100, 164))  # 4 blocks of 16
 

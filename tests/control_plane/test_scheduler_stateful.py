@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from atom.config import CacheConfig, Dsv4KvSpec
-from atom.model_engine.kv_layout import chunk_shape, request_chunks_needed
+from atom.kv.kv_layout import chunk_shape, request_chunks_needed
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.sampling_params import SamplingParams
 from support.control_plane import TINY, make_harness

@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
-from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError
-from atom.model_engine.kv_layout import KvLayout
-from atom.model_engine.unified_kv_arena import COMPRESS, OWNERS, STATE, SWA, UnifiedKvArena
+from atom.kv.chunk_arena import ArenaEmpty, ArenaError
+from atom.kv.kv_layout import KvLayout
+from atom.kv.unified_kv_arena import COMPRESS, OWNERS, STATE, SWA, UnifiedKvArena
 
 
 def tiny_layout(num_chunks: int, chunk_pages: int = 1):

@@ -11,7 +11,7 @@ import torch
 
 from atom.builtin_model import ensure_builtin_model
 from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from atom.model_engine.kv_layout import KvLayout
+from atom.kv.kv_layout import KvLayout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.engine_builder import build_engine
 from atom.models.deepseek_v4.checkpoint import load_checkpoint

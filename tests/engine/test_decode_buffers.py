@@ -7,7 +7,7 @@ from support.decode_runs import MAX_LEN, sampled_run, thin_model
 
 from atom.config import CacheConfig, ModelConfig, SchedulerConfig
 from atom.model_executor.decode_graphs import serving_graph_mode
-from atom.model_engine.kv_layout import plan_kv_layout
+from atom.kv.kv_layout import plan_kv_layout
 from atom.model_executor.model_runner import ModelRunner
 from atom.model_ops.decode_buffers import DecodeBuffers, decode_buckets
 

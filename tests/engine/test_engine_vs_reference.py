@@ -83,8 +83,8 @@ def test_a_youngest_request_preempting_itself_while_older_ones_run_does_not_stal
     # the tight arena of the "preempting" case with a content-checking fake runner: a request that
     # preempts itself while older ones still run must not put the scheduler in its restart-alone mode
     from atom.config import CacheConfig, SchedulerConfig
-    from atom.model_engine.block_manager import BlockManager
-    from atom.model_engine.kv_layout import KvLayout
+    from atom.kv.block_manager import BlockManager
+    from atom.kv.kv_layout import KvLayout
     from atom.model_engine.llm_engine import LLMEngine
     from atom.model_engine.scheduler import Scheduler
     from atom.model_engine.sequence import SequenceStatus

@@ -8,7 +8,7 @@ from engine.test_engine_vs_reference import prompts, reference_logits, run_recor
 
 from atom.config import CacheConfig, SchedulerConfig
 from atom.entrypoints.args import add_serve_arguments, engine_config_from_args
-from atom.model_engine.kv_layout import KvLayout
+from atom.kv.kv_layout import KvLayout
 from atom.engine_builder import describe_kv, resolve_row_format
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams

@@ -3,7 +3,7 @@ vocabulary with fixed seeds), greedy acceptance is an exact match, and seeded ve
 
 import torch
 
-from atom.model_executor.rejection_sampler import greedy_accept, rejection_sample
+from atom.spec_decode.rejection_sampler import greedy_accept, rejection_sample
 from atom.model_executor.sampler import Sampler
 from atom.sampling_params import SamplingParams
 

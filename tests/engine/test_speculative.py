@@ -6,7 +6,7 @@ rejection equals a run that never drafted."""
 import pytest
 import torch
 
-from atom.model_engine.draft_source import ReplayDraft
+from atom.testing.replay_draft import ReplayDraft
 from atom.sampling_params import SamplingParams
 
 from .test_engine_vs_reference import prompts

@@ -2,7 +2,7 @@
 the tokens of the run without speculation (skipped without a CUDA or ROCm GPU)."""
 
 from atom.bench.speculative import bench_prompts, run_speculative
-from atom.model_engine.draft_source import ReplayDraft
+from atom.testing.replay_draft import ReplayDraft
 from support.gpu import gpu_module_marks
 
 pytestmark = gpu_module_marks(

@@ -4,8 +4,8 @@ special tokens in or out of it, from the request text of one sequence up to the 
 import pytest
 
 from atom.builtin_model import BUILTIN_MODEL_NAME as MODEL
-from atom.model_engine.request_text import RequestText
-from atom.model_engine.stop_strings import StopAutomaton, StopScanner
+from atom.output.request_text import RequestText
+from atom.output.stop_strings import StopAutomaton, StopScanner
 from atom.tokenizer import Tokenizer, write_builtin_tokenizer
 
 USER_TOKEN = 258  # <｜User｜> in the built-in tokenizer

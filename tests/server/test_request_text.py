@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from atom.model_engine.detokenizer import CONTEXT, MAX_HELD, IncrementalDetokenizer
-from atom.model_engine.request_text import RequestText
-from atom.model_engine.stop_strings import StopAutomaton, StopScanner
+from atom.output.detokenizer import CONTEXT, MAX_HELD, IncrementalDetokenizer
+from atom.output.request_text import RequestText
+from atom.output.stop_strings import StopAutomaton, StopScanner
 from atom.tokenizer import Tokenizer, write_builtin_tokenizer
 
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
-from atom.model_engine.block_manager import BlockManager
-from atom.model_engine.kv_holdings import KvHoldings
-from atom.model_engine.kv_layout import KvLayout
+from atom.kv.block_manager import BlockManager
+from atom.kv.kv_holdings import KvHoldings
+from atom.kv.kv_layout import KvLayout
 from atom.model_engine.llm_engine import EngineStep, LLMEngine
-from atom.model_engine.outputs import RunnerOutput, ScheduledBatch
+from atom.step_contract import RunnerOutput, ScheduledBatch
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
 from atom.sampling_params import SamplingParams

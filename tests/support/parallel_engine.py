@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from atom.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from atom.engine_builder import build_engine
-from atom.model_engine.kv_layout import KvLayout
+from atom.kv.kv_layout import KvLayout
 from atom.models.deepseek_v4.loader import read_config
 from atom.sampling_params import SamplingParams
 

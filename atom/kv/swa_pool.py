@@ -37,10 +37,10 @@ from collections import OrderedDict
 from typing import Sequence
 
 from atom.config import CacheConfig
-from atom.model_engine.block_pool import BlockPool
-from atom.model_engine.kv_holdings import KvHoldings
-from atom.model_engine.page_map import SWA, LogicalPageMap
-from atom.model_engine.prefix_index import PrefixIndex, PrefixNode
+from atom.kv.block_pool import BlockPool
+from atom.kv.kv_holdings import KvHoldings
+from atom.kv.page_map import SWA, LogicalPageMap
+from atom.kv.prefix_index import PrefixIndex, PrefixNode
 
 __all__ = ["SlidingWindowPool"]
 

@@ -1,7 +1,7 @@
 """The elastic KV arena: three owners (SWA, compressed, state) borrowing chunks of one byte buffer.
 
 ``UnifiedKvArena`` maps each owner's *logical* block ids (what the block manager hashes and
-shares) to *physical* pages (what the kernels address, see :mod:`atom.model_engine.kv_layout`).
+shares) to *physical* pages (what the kernels address, see :mod:`atom.kv.kv_layout`).
 It knows only used vs free: which blocks stay cached, which are evicted, and when to lend is the
 pools' policy. Allocation is all-or-nothing: a request for several blocks of one or both owners
 either gets every page or changes nothing.
@@ -9,7 +9,7 @@ either gets every page or changes nothing.
 Owners: ``swa`` (an SWA page = one B-token block of every layer, plus the fused CSA boundary state
 of every c4 layer), ``compress`` (a compressed page = one B-token block of compressed rows and
 indexer keys of every compressed layer) and ``state`` (a state page = the live compressor state of
-one admitted request, every compressed layer; see :mod:`atom.model_engine.state_layout`). A chunk
+one admitted request, every compressed layer; see :mod:`atom.kv.state_layout`). A chunk
 lent to the state owner holds ``layout.state_pages_per_chunk`` whole state pages. With
 ``layout.reserved_state_slots`` > 0 (the fixed-pool design the benchmarks compare against) the
 state owner draws from a pool of that many pages outside the chunks instead.
@@ -17,10 +17,10 @@ state owner draws from a pool of that many pages outside the chunks instead.
 
 from __future__ import annotations
 
-from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
+from atom.kv.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
 from atom.kv_group import group_of_ratio
-from atom.model_engine.kv_layout import ArenaGroupSpec, KvLayout
-from atom.model_engine.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
+from atom.kv.kv_layout import ArenaGroupSpec, KvLayout
+from atom.kv.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
 
 __all__ = ["SWA", "COMPRESS", "STATE", "OWNERS", "UnifiedKvArena", "ArenaGroupSpec", "group_of_ratio",
            "ArenaEmpty", "ArenaError", "LogicalPageMap"]

@@ -4,7 +4,7 @@ It owns the arena (``.arena``), the shared prefix index (``.index``), the two bl
 (``.comp``, a :class:`CompressedPool`, and ``.swa``, a :class:`SlidingWindowPool`), the live
 compressor-state pages (``.slots``, pages of the arena's ``state`` owner), and one
 :class:`KvHoldings` per admitted request (``.holdings``: the only record of what a request holds;
-:class:`Sequence` keeps tokens and progress). Per request it
+the request itself, a :class:`KvRequest`, keeps tokens and progress). Per request it
 
 - matches the prompt against the prefix cache (a verified chain of prefix nodes: compressed hit,
   bounded by the SWA window and the captured CSA state), and claims the hit blocks;
@@ -35,18 +35,18 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from atom.config import CacheConfig
-from atom.model_engine.chunk_arena import ArenaEmpty
-from atom.model_engine.compressed_pool import CompressedPool
-from atom.model_engine.kv_holdings import KvHoldings
-from atom.model_engine.kv_layout import KvLayout
-from atom.model_engine.outputs import NewTables, TableUpdate
-from atom.model_engine.page_map import COMPRESS, STATE, SWA, LogicalPageMap
-from atom.model_engine.pin_guard import longest_fitting_chunk, pinned_prefix_blocks
-from atom.model_engine.prefix_index import PrefixIndex, PrefixNode
-from atom.model_engine.sequence import Sequence
-from atom.model_engine.state_slots import StatePages
-from atom.model_engine.swa_pool import SlidingWindowPool
-from atom.model_engine.unified_kv_arena import UnifiedKvArena
+from atom.kv.chunk_arena import ArenaEmpty
+from atom.kv.compressed_pool import CompressedPool
+from atom.kv.kv_holdings import KvHoldings
+from atom.kv.kv_layout import KvLayout
+from atom.kv.tables import NewTables, TableUpdate
+from atom.kv.page_map import COMPRESS, STATE, SWA, LogicalPageMap
+from atom.kv.pin_guard import longest_fitting_chunk, pinned_prefix_blocks
+from atom.kv.prefix_index import PrefixIndex, PrefixNode
+from atom.kv.kv_request import KvRequest
+from atom.kv.state_slots import StatePages
+from atom.kv.swa_pool import SlidingWindowPool
+from atom.kv.unified_kv_arena import UnifiedKvArena
 
 __all__ = ["BlockManager", "PrefixMatch", "PrefixCounters"]
 
@@ -107,11 +107,11 @@ class BlockManager:
         self._frontier: dict[int, tuple[int, list[int]]] = {}
 
     # ---- prefix matching ----------------------------------------------------------------------
-    def match_prefix(self, seq: Sequence) -> PrefixMatch:
+    def match_prefix(self, seq: KvRequest) -> PrefixMatch:
         """What ``seq`` could reuse now (no side effects). The last token always runs."""
         return self._match(seq)[0]
 
-    def _match(self, seq: Sequence) -> tuple[PrefixMatch, list[PrefixNode]]:
+    def _match(self, seq: KvRequest) -> tuple[PrefixMatch, list[PrefixNode]]:
         limit = (len(seq) - 1) // self.block_size
         if not self.prefix_caching or limit == 0:
             return PrefixMatch(0, 0, 0, 0), []
@@ -124,7 +124,7 @@ class BlockManager:
         window, full = self.swa.bounded_hit(chain, comp, seq.token_ids)
         return PrefixMatch(full, comp, evicted, window), chain
 
-    def published_block(self, owner: str, seq: Sequence, j: int) -> int | None:
+    def published_block(self, owner: str, seq: KvRequest, j: int) -> int | None:
         """The ``owner`` block published for block ``j`` of ``seq``'s exact prefix, else None."""
         chain = self.index.chain(seq.hashes_upto(j + 1), seq.block_keys, j + 1)
         if len(chain) <= j:
@@ -133,7 +133,7 @@ class BlockManager:
         return None if bid < 0 else bid
 
     # ---- admission and growth -----------------------------------------------------------------
-    def admit(self, seq: Sequence, max_new: int) -> int:
+    def admit(self, seq: KvRequest, max_new: int) -> int:
         """Claim ``seq``'s prefix hit and back its first step of up to ``max_new`` tokens.
 
         Returns the number of tokens the first step runs, or 0 (changing nothing: decided before the
@@ -180,7 +180,7 @@ class BlockManager:
         state = int(self.slots.has_state)
         return self.arena.can_alloc(swa, comp, state) or self._room_possible(swa, comp, state, claimed, keep_pins)
 
-    def chunk_within_pins(self, seq: Sequence, num_new: int) -> int:
+    def chunk_within_pins(self, seq: KvRequest, num_new: int) -> int:
         """The prefill chunk of running ``seq`` to run instead of ``num_new`` tokens so that backing it
         (``grow(..., within_pins=True)``) touches no retention pin (:mod:`pin_guard`): ``num_new`` when
         it fits so, else the longest chunk ending at a block end that does, else the chunk to the end
@@ -211,14 +211,14 @@ class BlockManager:
             h.tip = chain[blocks - 1]
             self.index.ref(h.tip)
 
-    def _retain_boundaries(self, seq: Sequence, match: PrefixMatch) -> tuple[int, ...]:
+    def _retain_boundaries(self, seq: KvRequest, match: PrefixMatch) -> tuple[int, ...]:
         """The prompt's last block boundary, plus a shared-prefix junction: the boundary up to which
         the compressed prefix matched an earlier request although its SWA window was gone."""
         prompt_end = (seq.num_prompt_tokens - 1) // self.block_size
         junction = match.compressed if match.compressed > match.window_bound else 0
         return tuple(b for b in {prompt_end, junction} if b > 0)
 
-    def _count(self, seq: Sequence, match: PrefixMatch) -> None:
+    def _count(self, seq: KvRequest, match: PrefixMatch) -> None:
         b, st, c = self.block_size, seq.stats, self.counters
         st.prompt_tokens = len(seq)
         st.reused = match.blocks * b
@@ -232,7 +232,7 @@ class BlockManager:
         c.lost_to_csa_state += st.lost_to_csa_state
 
     # ---- burst arrivals: wait for a prefix that a running request is computing -----------------
-    def _set_frontier(self, seq: Sequence, old: int, new: int) -> None:
+    def _set_frontier(self, seq: KvRequest, old: int, new: int) -> None:
         """Move ``seq``'s entry from prompt block ``old`` to ``new`` (none past its prompt's full
         blocks, or ``new`` < 0: the request is gone). O(1): only the next block is registered."""
         hashes, sid, end = seq.block_hashes, seq.seq_id, seq.num_prompt_tokens // self.block_size
@@ -241,7 +241,7 @@ class BlockManager:
         if 0 <= new < end:
             self._frontier.setdefault(seq.hashes_upto(new + 1)[new], (sid, seq.block_hashes))
 
-    def should_wait_for_prefix(self, seq: Sequence) -> bool:
+    def should_wait_for_prefix(self, seq: KvRequest) -> bool:
         """Whether waiting ``seq`` should stay queued because the next block of its prompt past what
         the cache holds is being computed by a running request: it then waits until that request
         publishes it and hits, instead of computing it again (bounded by that request's prefill).
@@ -264,7 +264,7 @@ class BlockManager:
         return True
 
     # ---- growth -------------------------------------------------------------------------------
-    def grow(self, seq: Sequence, num_new: int, spare_only: bool = False, within_pins: bool = False) -> None:
+    def grow(self, seq: KvRequest, num_new: int, spare_only: bool = False, within_pins: bool = False) -> None:
         """Back the next ``num_new`` positions of ``seq``; :class:`ArenaEmpty` (changing nothing) if
         no room. ``spare_only``: use only pages the arena has spare, evicting no cached block and
         releasing no retention pin (speculative drafts are backed this way). ``within_pins``: make the
@@ -344,7 +344,7 @@ class BlockManager:
         return self.arena.fits_after_eviction(swa, comp, state, kept)
 
     # ---- after a step -------------------------------------------------------------------------
-    def after_step(self, seq: Sequence) -> None:
+    def after_step(self, seq: KvRequest) -> None:
         """``seq.num_computed_tokens`` has advanced: publish full blocks, release the old window."""
         h, computed = self.holdings[seq.seq_id], seq.num_computed_tokens
         full = computed // self.block_size
@@ -358,7 +358,7 @@ class BlockManager:
         h.state_fresh = False
         h.restore_page = -1
 
-    def _publish(self, seq: Sequence, h: KvHoldings, full: int) -> None:
+    def _publish(self, seq: KvRequest, h: KvHoldings, full: int) -> None:
         """Publish blocks ``h.published_upto .. full-1`` at their prefix nodes. The request's chain
         grows from its tip; where a block's hash is held by another prefix the chain breaks and the
         rest of the request stays private."""
@@ -378,7 +378,7 @@ class BlockManager:
             h.tip = None
 
     # ---- the end ------------------------------------------------------------------------------
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: KvRequest) -> None:
         """Release everything ``seq`` holds (finished, aborted or preempted)."""
         h = self.holdings.pop(seq.seq_id)
         if self._frontier:
@@ -416,7 +416,7 @@ class BlockManager:
         return out
 
     # ---- integrity ----------------------------------------------------------------------------
-    def check_integrity(self, seqs: list[Sequence]) -> None:
+    def check_integrity(self, seqs: list[KvRequest]) -> None:
         """Conservation of ids, chunks and state pages; ref counts equal holders; tables match the
         arena; holdings exist for exactly the given (running) requests; prefix nodes referenced right."""
         assert sorted(self.holdings) == sorted(s.seq_id for s in seqs), "holdings differ from the running requests"

@@ -9,7 +9,7 @@ Every id is in exactly one state::
     used    - ref > 0, has a page                    (held by requests and/or a pin)
     cached  - ref 0, has a page and a prefix node    (LRU order; evicted lazily, only for room)
 
-A published block hangs on its :class:`~atom.model_engine.prefix_index.PrefixNode` (the verified
+A published block hangs on its :class:`~atom.kv.prefix_index.PrefixNode` (the verified
 prefix it was computed under). Per-id state is kept in flat lists (``ref``, ``node``, ``pages``,
 ...) and every per-request operation has a batched form (:meth:`allocate`, :meth:`release_many`),
 so admitting, growing and freeing a long request costs a few list passes, not a Python object per
@@ -30,8 +30,8 @@ from collections import Counter, OrderedDict
 from itertools import groupby
 from typing import Callable, Collection
 
-from atom.model_engine.page_map import LogicalPageMap, Owner
-from atom.model_engine.prefix_index import PrefixIndex, PrefixNode
+from atom.kv.page_map import LogicalPageMap, Owner
+from atom.kv.prefix_index import PrefixIndex, PrefixNode
 
 __all__ = ["BlockPool"]
 

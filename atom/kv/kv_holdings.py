@@ -10,15 +10,15 @@
     tip                     the prefix node of the last published block (keeps the chain alive)
 
 Every table entry changes through :meth:`KvHoldings.write`, the one place a
-:class:`~atom.model_engine.outputs.TableUpdate` is emitted: one delta per run of consecutive entries,
+:class:`~atom.kv.tables.TableUpdate` is emitted: one delta per run of consecutive entries,
 and only once the runner has the full tables (``shipped``).
 """
 
 from __future__ import annotations
 
-from atom.model_engine.outputs import TableUpdate
-from atom.model_engine.page_map import Owner
-from atom.model_engine.prefix_index import PrefixNode
+from atom.kv.tables import TableUpdate
+from atom.kv.page_map import Owner
+from atom.kv.prefix_index import PrefixNode
 
 __all__ = ["BlockTable", "KvHoldings"]
 

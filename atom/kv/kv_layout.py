@@ -2,7 +2,7 @@
 
 One flat byte buffer is cut into ``num_chunks`` equal chunks. A chunk spans **all layers**. Three
 owners borrow chunks: SWA, compressed and ``state`` (the live compressor state of admitted requests,
-``s`` whole request-state pages per chunk; see :mod:`atom.model_engine.state_layout`):
+``s`` whole request-state pages per chunk; see :mod:`atom.kv.state_layout`):
 
     SWA-owned chunk (m SWA pages; page p starts at byte p * swa_page_bytes of the buffer)
     +-- page 0 ----------------------------------------------------------------+-- page 1 ...
@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.kv_group import CSA_OVERLAP_ROWS, group_of_ratio, is_csa
-from atom.model_engine.state_layout import StatePart, state_pages_per_chunk, state_parts
+from atom.kv.state_layout import StatePart, state_pages_per_chunk, state_parts
 from atom.validation import require_int
 
 __all__ = ["ArenaGroupSpec", "RowRegion", "CsaStateRegion", "KvLayout", "plan_kv_layout", "ChunkShape",

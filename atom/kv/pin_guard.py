@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from atom.model_engine.block_pool import BlockPool
-from atom.model_engine.swa_pool import SlidingWindowPool
+from atom.kv.block_pool import BlockPool
+from atom.kv.swa_pool import SlidingWindowPool
 
 __all__ = ["pinned_prefix_blocks", "longest_fitting_chunk"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from atom.model_engine.sequence import PrefixStats
+from atom.kv.prefix_stats import PrefixStats
 
 __all__ = ["RequestOutput", "EngineStats", "TokenLogprobs"]
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from atom.model_engine.block_pool import BlockPool
-from atom.model_engine.kv_holdings import KvHoldings
-from atom.model_engine.page_map import COMPRESS, LogicalPageMap
-from atom.model_engine.prefix_index import PrefixIndex, PrefixNode
+from atom.kv.block_pool import BlockPool
+from atom.kv.kv_holdings import KvHoldings
+from atom.kv.page_map import COMPRESS, LogicalPageMap
+from atom.kv.prefix_index import PrefixIndex, PrefixNode
 
 __all__ = ["CompressedPool"]
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from atom.model_engine.page_map import STATE, LogicalPageMap
+from atom.kv.page_map import STATE, LogicalPageMap
 
 if TYPE_CHECKING:
-    from atom.model_engine.kv_holdings import KvHoldings
+    from atom.kv.kv_holdings import KvHoldings
 
 __all__ = ["StatePages"]
 

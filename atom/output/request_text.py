@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from atom.model_engine.detokenizer import IncrementalDetokenizer
-from atom.model_engine.stop_strings import StopScanner, automaton_for
+from atom.output.detokenizer import IncrementalDetokenizer
+from atom.output.stop_strings import StopScanner, automaton_for
 
 __all__ = ["RequestText"]
 

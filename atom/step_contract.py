@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from atom.model_engine.page_map import Owner
-from atom.model_engine.request_output import TokenLogprobs
+from atom.kv.tables import NewTables, TableUpdate
+from atom.output.request_output import TokenLogprobs
 from atom.sampling_params import SamplingParams
 
-__all__ = ["ScheduledSeq", "TableUpdate", "NewTables", "ScheduledBatch", "RunnerOutput"]
+__all__ = ["ScheduledSeq", "ScheduledBatch", "RunnerOutput"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,26 +54,6 @@ class ScheduledSeq:
     @property
     def drafts(self) -> tuple[int, ...]:
         return self.token_ids[len(self.token_ids) - self.num_draft:]
-
-
-@dataclass(frozen=True, slots=True)
-class TableUpdate:
-    """Entries ``index .. index+len(pages)-1`` of request ``seq_id``'s ``owner`` table
-    (``Owner.SWA`` / ``Owner.COMPRESS``) are now ``pages`` (-1: no page)."""
-
-    seq_id: int
-    owner: Owner
-    index: int
-    pages: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class NewTables:
-    """The full tables of a request admitted this step."""
-
-    seq_id: int
-    comp_pages: tuple[int, ...]
-    swa_pages: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Where a request's live compressor state sits inside a state page of the arena.
 
-Kept apart from :mod:`atom.model_engine.kv_layout` because it is a layout of its own: a chunk lent to
+Kept apart from :mod:`atom.kv.kv_layout` because it is a layout of its own: a chunk lent to
 the ``state`` owner holds ``s`` whole request-state pages, and a state page holds, for every
 compressed layer, the fp32 state that layer's compressor carries between steps::
 

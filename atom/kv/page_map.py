@@ -1,6 +1,6 @@
 """Logical id -> physical page maps for the three arena owners, allocated all or nothing.
 
-Kept apart from :class:`~atom.model_engine.unified_kv_arena.UnifiedKvArena` because the trace
+Kept apart from :class:`~atom.kv.unified_kv_arena.UnifiedKvArena` because the trace
 simulator runs the same block manager over other arenas (a fixed split, a byte-granular oracle):
 they differ only in where a page's memory comes from, which subclasses say through
 :meth:`can_alloc`, :meth:`_shortfall`, :meth:`_take_page` and :meth:`_give_back`.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from typing import Iterable, Sequence
 
-from atom.model_engine.chunk_arena import ArenaEmpty, ArenaError
+from atom.kv.chunk_arena import ArenaEmpty, ArenaError
 
 __all__ = ["Owner", "SWA", "COMPRESS", "STATE", "OWNERS", "LogicalPageMap"]
 

@@ -1,0 +1,37 @@
+"""The table deltas the KV memory emits: how the runner's per-request page tables change.
+
+A request's full tables are shipped once (:class:`NewTables`, when it is admitted), then only the
+entries that changed (:class:`TableUpdate`, one per run of consecutive entries), so a step's size
+does not grow with context length. Every entry is a physical page or -1 (no page: out of window,
+never materialised). The step loop carries these in its batch (:mod:`atom.step_contract`); they are
+defined here because the block manager writes them and the KV package imports nothing of the step
+loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from atom.kv.page_map import Owner
+
+__all__ = ["TableUpdate", "NewTables"]
+
+
+@dataclass(frozen=True, slots=True)
+class TableUpdate:
+    """Entries ``index .. index+len(pages)-1`` of request ``seq_id``'s ``owner`` table
+    (``Owner.SWA`` / ``Owner.COMPRESS``) are now ``pages`` (-1: no page)."""
+
+    seq_id: int
+    owner: Owner
+    index: int
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NewTables:
+    """The full tables of a request admitted this step."""
+
+    seq_id: int
+    comp_pages: tuple[int, ...]
+    swa_pages: tuple[int, ...]
