@@ -34,7 +34,7 @@ import os.path
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence as Seq
 
 from atom.bench.sim_arenas import (ARENA, ARENA_POLICIES, OTHER_POLICIES, Policy, build_block_manager,
@@ -43,6 +43,7 @@ from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, fir
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.testing.fake_runner import FakeRunner
 from atom.kv.kv_layout import KvLayout, plan_kv_layout
+from atom.kv.prefix_stats import PrefixStats
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
@@ -100,7 +101,7 @@ class RunResult:
     hit_tokens: int = 0
     prompt_tokens: int = 0
     hits_by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [reused, prompt]
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: PrefixStats = field(default_factory=PrefixStats)  # the block manager's totals
     util_mean: float = 0.0
     util_pressure: float = math.nan  # mean over steps that evicted a cached block or preempted
     pressure_s: float = 0.0
@@ -237,9 +238,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
     res.preemptions = sched.num_preemptions
     res.hit_tokens = sum(a[0] for a in res.hits_by_kind.values())
     res.prompt_tokens = sum(a[1] for a in res.hits_by_kind.values())
-    c = bm.counters
-    res.counters = {"queries": c.queries, "hits": c.hits, "lost_evicted": c.lost_to_evicted_kv,
-                    "lost_swa": c.lost_to_swa_window, "lost_csa": c.lost_to_csa_state}
+    res.counters = replace(bm.counters)
     res.evictions = bm.comp.pool.num_evictions + bm.swa.pool.num_evictions
     stride = max(1, len(raw_series) // series_points)
     res.series = raw_series[::stride]
@@ -301,7 +300,7 @@ def format_table(rep: WorkloadReport, shares: Seq[float]) -> str:
         best = name in (rep.best_fixed(False).policy, rep.best_fixed(True).policy)
         lines.append(f"| {name}{' (best)' if best else ''} | {r.max_running} | {r.mean_running:.1f} | "
                      f"{r.throughput:,.0f} | {rep.vs_best_fixed(name):.3f} | {r.preemptions} | {r.hit_rate:.3f} | "
-                     f"{c['lost_evicted']:,} | {c['lost_swa']:,} | {c['lost_csa']:,} | {r.evictions:,} | "
+                     f"{c.lost_to_evicted_kv:,} | {c.lost_to_swa_window:,} | {c.lost_to_csa_state:,} | {r.evictions:,} | "
                      f"{r.util_mean:.3f} | {_fmt(r.util_pressure)} ({r.pressure_s:.0f}) |")
     return "\n".join(lines)
 

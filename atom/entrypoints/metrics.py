@@ -31,18 +31,20 @@ _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.
                  0.5, 0.75, 1.0, 2.5, 5.0)
 _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
-#: (metric name without ``_total``, EngineStats field, help) of the cumulative engine counters.
+#: (metric name without ``_total``, EngineStats field (``prefix.``: of ``EngineStats.prefix``), help) of
+#: the cumulative engine counters. Prompt tokens are counted once, at a request's first admission, when
+#: they are also looked up in the prefix cache: one value, one metric (the hit rate is
+#: ``atom_prefix_cache_hits_total / atom_prompt_tokens_total``).
 _COUNTERS = (
     ("atom_num_preemptions", "num_preemptions", "Requests preempted (their KV released) to make room."),
-    ("atom_prefix_cache_queries", "prefix_queries", "Prompt tokens looked up in the prefix cache."),
-    ("atom_prefix_cache_hits", "prefix_hits", "Prompt tokens served from the prefix cache."),
-    ("atom_prompt_tokens", "prompt_tokens", "Prompt tokens admitted (prefill work requested)."),
+    ("atom_prompt_tokens", "prefix.prompt_tokens", "Prompt tokens admitted, each looked up in the prefix cache."),
+    ("atom_prefix_cache_hits", "prefix.reused", "Prompt tokens served from the prefix cache."),
     ("atom_generation_tokens", "generation_tokens", "Tokens generated."),
     ("atom_spec_decode_verifies", "spec_verifies", "Request-steps that verified speculative drafts."),
     ("atom_spec_decode_num_draft_tokens", "spec_proposed", "Speculative draft tokens proposed and verified."),
     ("atom_spec_decode_num_accepted_tokens", "spec_accepted", "Speculative draft tokens accepted."),
 )
-#: miss attribution: label value -> EngineStats field.
+#: miss attribution: label value -> field of ``EngineStats.prefix``.
 _MISSES = (("evicted_kv", "lost_to_evicted_kv"), ("swa_window", "lost_to_swa_window"),
            ("csa_state", "lost_to_csa_state"))
 
@@ -68,12 +70,13 @@ class _EngineStatsCollector(Collector):
         yield GaugeMetricFamily("atom_num_requests_running", "Requests being scheduled.", value=s.num_running)
         yield GaugeMetricFamily("atom_num_requests_waiting", "Requests queued for admission.", value=s.num_waiting)
         for name, field, doc in _COUNTERS:
-            yield CounterMetricFamily(name, doc, value=float(getattr(s, field)))
+            owner, _, leaf = field.rpartition(".")
+            yield CounterMetricFamily(name, doc, value=float(getattr(getattr(s, owner) if owner else s, leaf)))
         misses = CounterMetricFamily("atom_prefix_cache_misses",
                                      "Prompt tokens not reused, by why their cached KV could not serve.",
                                      labels=["reason"])
         for label, field in _MISSES:
-            misses.add_metric([label], float(getattr(s, field)))
+            misses.add_metric([label], float(getattr(s.prefix, field)))
         yield misses
         yield from _speculative(s)
 

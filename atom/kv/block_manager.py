@@ -43,12 +43,13 @@ from atom.kv.tables import NewTables, TableUpdate
 from atom.kv.page_map import COMPRESS, STATE, SWA, LogicalPageMap
 from atom.kv.pin_guard import longest_fitting_chunk, pinned_prefix_blocks
 from atom.kv.prefix_index import PrefixIndex, PrefixNode
+from atom.kv.prefix_stats import PrefixStats
 from atom.kv.kv_request import KvRequest
 from atom.kv.state_slots import StatePages
 from atom.kv.swa_pool import SlidingWindowPool
 from atom.kv.unified_kv_arena import UnifiedKvArena
 
-__all__ = ["BlockManager", "PrefixMatch", "PrefixCounters"]
+__all__ = ["BlockManager", "PrefixMatch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,18 +60,6 @@ class PrefixMatch:
     compressed: int  # contiguous compressed blocks found
     evicted: int  # further blocks whose compressed KV was cached once but evicted
     window_bound: int  # the compressed hit bounded by a cached SWA window
-
-
-@dataclass(slots=True)
-class PrefixCounters:
-    """Totals over admitted requests (tokens, first admission only), for metrics."""
-
-    queries: int = 0
-    hits: int = 0
-    lost_to_evicted_kv: int = 0
-    lost_to_swa_window: int = 0
-    lost_to_csa_state: int = 0
-    waits_for_prefix: int = 0  # steps a waiting request waited for a running request to publish its prefix
 
 
 class BlockManager:
@@ -102,7 +91,8 @@ class BlockManager:
         self.comp.pool.on_evict = self.swa.unpin_node
         self.holdings: dict[int, KvHoldings] = {}
         self.updates: list[TableUpdate] = []
-        self.counters = PrefixCounters()
+        self.counters = PrefixStats()  # totals over admitted requests (first admission only), for metrics
+        self.waits_for_prefix = 0  # steps a waiting request waited for a running request to publish its prefix
         # hash of a running request's next prompt block to publish -> (that request, its block hashes)
         self._frontier: dict[int, tuple[int, list[int]]] = {}
 
@@ -219,17 +209,13 @@ class BlockManager:
         return tuple(b for b in {prompt_end, junction} if b > 0)
 
     def _count(self, seq: KvRequest, match: PrefixMatch) -> None:
-        b, st, c = self.block_size, seq.stats, self.counters
+        b, st = self.block_size, seq.stats
         st.prompt_tokens = len(seq)
         st.reused = match.blocks * b
         st.lost_to_evicted_kv = match.evicted * b
         st.lost_to_swa_window = (match.compressed - match.window_bound) * b
         st.lost_to_csa_state = (match.window_bound - match.blocks) * b
-        c.queries += st.prompt_tokens
-        c.hits += st.reused
-        c.lost_to_evicted_kv += st.lost_to_evicted_kv
-        c.lost_to_swa_window += st.lost_to_swa_window
-        c.lost_to_csa_state += st.lost_to_csa_state
+        self.counters.add(st)
 
     # ---- burst arrivals: wait for a prefix that a running request is computing -----------------
     def _set_frontier(self, seq: KvRequest, old: int, new: int) -> None:
@@ -260,7 +246,7 @@ class BlockManager:
         h = self.holdings[producer]
         if end not in h.retain_boundaries:
             h.retain_boundaries += (end,)
-        self.counters.waits_for_prefix += 1
+        self.waits_for_prefix += 1
         return True
 
     # ---- growth -------------------------------------------------------------------------------

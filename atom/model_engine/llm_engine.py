@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, Sequence as Seq
 
 from atom.step_contract import RunnerOutput, ScheduledBatch
@@ -227,9 +227,8 @@ class LLMEngine:
     # ---- observability ------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         s, c, sp = self.scheduler, self.scheduler.bm.counters, self.scheduler.spec
-        return EngineStats(s.bm.arena.usage(), len(s.running), len(s.waiting), s.num_preemptions, c.queries,
-                           c.hits, c.lost_to_evicted_kv, c.lost_to_swa_window, c.lost_to_csa_state,
-                           c.queries, self._generation_tokens, sp.verifies, sp.proposed, sp.accepted,
+        return EngineStats(s.bm.arena.usage(), len(s.running), len(s.waiting), s.num_preemptions, replace(c),
+                           self._generation_tokens, sp.verifies, sp.proposed, sp.accepted,
                            tuple(sp.proposed_at), tuple(sp.accepted_at))
 
     def check_integrity(self) -> None:

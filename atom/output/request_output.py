@@ -44,18 +44,14 @@ class RequestOutput:
 
 @dataclass
 class EngineStats:
-    """Counters and gauges for metrics. Arena bytes are whole chunks per owner."""
+    """Counters and gauges for metrics. Arena bytes are whole chunks per owner; ``prefix``: where the
+    prompt tokens of every admitted request came from (totals, first admission only)."""
 
     arena_bytes: dict[str, int]
     num_running: int
     num_waiting: int
     num_preemptions: int
-    prefix_queries: int
-    prefix_hits: int
-    lost_to_evicted_kv: int
-    lost_to_swa_window: int
-    lost_to_csa_state: int
-    prompt_tokens: int
+    prefix: PrefixStats
     generation_tokens: int
     # speculative decoding (all 0 when off): request-steps that verified drafts, drafts proposed and
     # accepted, per draft position; mean acceptance length = tokens per verifying request-step

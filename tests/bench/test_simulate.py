@@ -118,7 +118,7 @@ def test_agentic_turns_reuse_the_previous_turns_generated_blocks_only_with_prefi
     turns = sum(len(s.turns) for s in sessions)
     assert on.finished == off.finished == turns
     assert on.kind_hit_rate("agentic") > 0.5
-    assert off.kind_hit_rate("agentic") == 0.0 and off.counters["hits"] == 0
+    assert off.kind_hit_rate("agentic") == 0.0 and off.counters.reused == 0
 
 
 def test_a_later_turn_re_sends_the_previous_turns_actual_tokens(monkeypatch):

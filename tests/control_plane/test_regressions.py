@@ -89,7 +89,7 @@ def test_a_preempted_request_reports_only_its_first_admissions_cached_tokens(har
     h.run()
     assert h.sched.num_preemptions > 0
     assert all(s.stats.reused == 0 for s in seqs)  # distinct prompts: nothing was cached at first
-    assert h.bm.counters.hits == 0 and h.bm.counters.queries == 4 * 40
+    assert h.bm.counters.reused == 0 and h.bm.counters.prompt_tokens == 4 * 40
 
 
 
@@ -103,7 +103,7 @@ def test_the_engine_reports_first_admission_cached_tokens_after_preemption(harne
     assert h.sched.num_preemptions > 0
     assert [final[i].num_cached_tokens for i in ids] == [0, 0, 0, 0]
     stats = engine.stats()
-    assert stats.prefix_hits == 0 and stats.prefix_queries == 160
+    assert stats.prefix.reused == 0 and stats.prefix.prompt_tokens == 160
 
 
 def test_an_abort_that_leaves_the_engine_idle_still_reaches_the_runner(harness):
@@ -125,7 +125,7 @@ def test_24_requests_sharing_a_4096_token_prefix_in_one_step_all_hit_except_the_
     assert all(s.status is SequenceStatus.FINISHED_LENGTH for s in seqs)
     assert seqs[0].stats.reused == 0
     assert [s.stats.reused for s in seqs[1:]] == [4096] * 23
-    assert h.bm.counters.waits_for_prefix > 0
+    assert h.bm.waits_for_prefix > 0
     h.assert_all_memory_returned()
 
 

@@ -85,7 +85,7 @@ def test_stats_report_prefix_reuse_and_tokens(make_engine):
     out = engine.generate([prompt], p, use_tqdm=False)[0]
     stats = engine.stats()
     assert out.num_cached_tokens == 48
-    assert stats.prefix_hits == 48 and stats.prefix_queries == 98 and stats.generation_tokens == 6
+    assert stats.prefix.reused == 48 and stats.prefix.prompt_tokens == 98 and stats.generation_tokens == 6
     assert stats.num_running == 0 and set(stats.arena_bytes) == {"swa", "compress", "state", "free"}
 
 

@@ -66,7 +66,7 @@ def test_the_second_round_of_the_suite_hits_the_prefix_cache_as_often_with_specu
     assert [o.output_token_ids for o in on] == [o.output_token_ids for o in off]
     assert [o.num_cached_tokens for o in on] == [o.num_cached_tokens for o in off]
     assert sum(o.num_cached_tokens for o in on[8:]) > 0
-    assert on_engine.stats().prefix_hits == off_engine.stats().prefix_hits
+    assert on_engine.stats().prefix.reused == off_engine.stats().prefix.reused
     assert on_engine.stats().spec_accepted == on_engine.stats().spec_proposed > 0
 
 

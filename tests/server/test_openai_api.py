@@ -136,11 +136,12 @@ def test_models_health_and_metrics_endpoints(server):
     m = server.metrics()
     for name in ('atom_kv_arena_bytes{owner="free"}', 'atom_kv_arena_bytes{owner="swa"}',
                  'atom_kv_arena_bytes{owner="compress"}', "atom_num_requests_running", "atom_num_requests_waiting",
-                 "atom_num_preemptions_total", "atom_prefix_cache_queries_total", "atom_prefix_cache_hits_total",
+                 "atom_num_preemptions_total", "atom_prefix_cache_hits_total",
                  'atom_prefix_cache_misses_total{reason="swa_window"}', "atom_prompt_tokens_total",
                  "atom_generation_tokens_total", "atom_time_to_first_token_seconds_count",
                  "atom_time_per_output_token_seconds_count", "atom_engine_healthy"):
         assert name in m, name
+    assert "atom_prefix_cache_queries_total" not in m  # the prompt tokens, counted once as atom_prompt_tokens
     assert m["atom_engine_healthy"] == 1.0 and m["atom_generation_tokens_total"] > 0
 
 
