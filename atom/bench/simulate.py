@@ -47,7 +47,7 @@ from atom.kv.prefix_stats import PrefixStats
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
-from atom.kv.unified_kv_arena import COMPRESS, STATE, SWA
+from atom.kv.page_map import COMPRESS, STATE, SWA
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams
 

@@ -17,13 +17,12 @@ state owner draws from a pool of that many pages outside the chunks instead.
 
 from __future__ import annotations
 
-from atom.kv.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
-from atom.kv_group import group_of_ratio
-from atom.kv.kv_layout import ArenaGroupSpec, KvLayout
+from atom.kv.chunk_arena import ChunkArena, ChunkBackedFreeList
+from atom.kv.kv_layout import KvLayout
 from atom.kv.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
 
-__all__ = ["SWA", "COMPRESS", "STATE", "OWNERS", "UnifiedKvArena", "ArenaGroupSpec", "group_of_ratio",
-           "ArenaEmpty", "ArenaError", "LogicalPageMap"]
+# The owner constants (SWA, COMPRESS, STATE, OWNERS) are imported from atom.kv.page_map, their one home.
+__all__ = ["UnifiedKvArena"]
 
 
 class UnifiedKvArena(LogicalPageMap):

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from atom.step_contract import ScheduledBatch
-from atom.kv.unified_kv_arena import COMPRESS, SWA
+from atom.kv.page_map import COMPRESS, SWA
 
 __all__ = ["EntryList", "PageTables", "RowSubset", "StepInputs", "build_step_inputs", "row_subset"]
 

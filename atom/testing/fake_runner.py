@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from atom.testing.kv_content_model import KvContentModel
 from atom.step_contract import RunnerOutput, ScheduledBatch
-from atom.kv.unified_kv_arena import COMPRESS, SWA
+from atom.kv.page_map import COMPRESS, SWA
 
 __all__ = ["FakeRunner"]
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 from atom.config import Dsv4KvSpec
 from atom.step_contract import ScheduledBatch, ScheduledSeq
-from atom.kv.unified_kv_arena import COMPRESS, SWA
+from atom.kv.page_map import COMPRESS, SWA
 
 __all__ = ["KvContentModel", "KvContentError"]
 

@@ -18,7 +18,7 @@ from atom.bench.sim_arenas import (ARENA_RESERVED, OracleKvArena, SplitKvArena, 
                                    usable_bytes)
 from atom.bench.sim_workloads import Segment, Session, Turn, agentic, build_trace, chat, long_context, request_id
 from atom.kv.chunk_arena import ArenaEmpty
-from atom.kv.unified_kv_arena import COMPRESS, STATE, SWA
+from atom.kv.page_map import COMPRESS, STATE, SWA
 
 SMALL = sim.SimConfig(budget_bytes=1 << 30, max_num_seqs=16, max_batched_tokens=2048, max_model_len=32768)
 

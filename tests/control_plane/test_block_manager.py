@@ -4,7 +4,8 @@ import pytest
 
 from atom.kv.block_pool import BlockPool
 from atom.kv.prefix_index import PrefixIndex
-from atom.kv.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
+from atom.kv.page_map import COMPRESS, SWA
+from atom.kv.unified_kv_arena import UnifiedKvArena
 
 
 def test_a_repeated_prompt_reuses_its_full_blocks_and_recomputes_the_last_one(harness):

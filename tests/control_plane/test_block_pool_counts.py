@@ -10,7 +10,8 @@ from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.kv.block_pool import BlockPool
 from atom.kv.kv_layout import KvLayout
 from atom.kv.prefix_index import PrefixIndex
-from atom.kv.unified_kv_arena import COMPRESS, SWA, UnifiedKvArena
+from atom.kv.page_map import COMPRESS, SWA
+from atom.kv.unified_kv_arena import UnifiedKvArena
 
 
 def pool_of(owner: str, num_chunks: int, chunk_pages: int) -> BlockPool:

@@ -8,7 +8,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.kv.chunk_arena import ArenaEmpty, ArenaError
 from atom.kv.kv_layout import KvLayout
-from atom.kv.unified_kv_arena import COMPRESS, OWNERS, STATE, SWA, UnifiedKvArena
+from atom.kv.page_map import COMPRESS, OWNERS, STATE, SWA
+from atom.kv.unified_kv_arena import UnifiedKvArena
 
 
 def tiny_layout(num_chunks: int, chunk_pages: int = 1):

@@ -8,7 +8,7 @@ import torch
 from engine.test_engine_vs_reference import prompts, reference_greedy, reference_logits, run_recording_logits
 from engine.test_prefix_hits import PROMPT, after, assert_bit_identical, run, run_steps
 
-from atom.kv.unified_kv_arena import COMPRESS
+from atom.kv.page_map import COMPRESS
 from atom.models.deepseek_v4.quant import fp8_scale
 from atom.sampling_params import SamplingParams
 

@@ -5,7 +5,7 @@ split at P; a hit that cannot be served falls back instead of reading stale rows
 import pytest
 import torch
 
-from atom.kv.unified_kv_arena import COMPRESS
+from atom.kv.page_map import COMPRESS
 from atom.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
