@@ -7,11 +7,12 @@ that say what to do instead.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import torch
+
+from atom.config import load_hf_config
 
 __all__ = ["resolve_device", "resolve_dtype", "resolve_quant_sim", "resolve_model_dir", "resolve_row_format"]
 
@@ -63,10 +64,10 @@ def resolve_quant_sim(setting: str, model_dir: Path) -> bool:
     if setting != "auto":
         return setting == "on"
     try:
-        hf = json.loads((model_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        hf = load_hf_config(model_dir)
+    except (OSError, ValueError):
         return False  # the loader reports a missing or broken config.json with its own message
-    return bool(isinstance(hf, dict) and hf.get("quantization_config"))
+    return bool(hf.get("quantization_config"))
 
 
 def resolve_model_dir(model: str) -> Path:

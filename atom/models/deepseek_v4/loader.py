@@ -32,6 +32,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
+from atom.config import load_hf_config
+
 from .config import DeepseekV4Config
 from .layers import Linear
 from .model import DeepseekV4Model, ModelWeights
@@ -128,14 +130,14 @@ class CheckpointIndex:
 
 
 def read_config(directory: str | Path, **overrides: object) -> DeepseekV4Config:
-    """``DeepseekV4Config`` of ``directory/config.json`` with field ``overrides`` (``quant_sim=True``, ...)."""
-    cfg_path = Path(directory) / "config.json"
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{cfg_path} is missing")
+    """``DeepseekV4Config`` of ``directory/config.json`` with field ``overrides`` (``quant_sim=True``, ...).
+
+    The file is read by :func:`atom.config.load_hf_config`, the one reader of a ``config.json``; a
+    missing or broken one is a :class:`CheckpointError` with its message."""
     try:
-        hf = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from e
+        hf = load_hf_config(Path(directory) / "config.json")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     return DeepseekV4Config.from_hf_dict(hf, **overrides)
 
 

@@ -7,11 +7,11 @@ Experts are counted at their logical size (FP4-packed release weights count as t
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
-from importlib import resources
 
 import torch
+
+from atom.config import load_hf_config
 
 from .config import DeepseekV4Config
 from .model import DeepseekV4Model
@@ -70,11 +70,8 @@ def load_config(name: str) -> DeepseekV4Config:
     if name == "tiny":
         return DeepseekV4Config.tiny()
     if name in ("flash", "pro"):
-        text = resources.files("atom.configs").joinpath(f"deepseek_v4_{name}.json").read_text()
-    else:
-        with open(name) as f:
-            text = f.read()
-    return DeepseekV4Config.from_hf_dict(json.loads(text))
+        return DeepseekV4Config.from_preset(f"deepseek_v4_{name}")
+    return DeepseekV4Config.from_hf_dict(load_hf_config(name))
 
 
 def main(argv: list[str] | None = None) -> int:
