@@ -1,8 +1,7 @@
 """The one mapping from a layer's compress ratio to its KV group, and the CSA facts that follow.
 
-Config, layout, arena, scheduler and model code all ask this module (ATOM re-implemented the
-mapping inline in the model and the two drifted). It is a top-level module, importing nothing of
-atom's, so that the config, the control plane and the model can all depend on it without depending
+Config, layout, arena, scheduler and model code all ask this module, so the mapping cannot drift
+between two copies. It is a top-level module, importing only ``atom.validation``, so that the config, the control plane and the model can all depend on it without depending
 on each other.
 
 Group names: ``dense`` (ratio 0, sliding window only), ``c4`` (CSA: an overlapping compressor plus

@@ -15,8 +15,8 @@ owners borrow chunks: SWA, compressed and ``state`` (the live compressor state o
     | Lc1 main rows of pages 0..k-1 | Lc2 main ... | c4 indexer rows of pages 0..k-1 | pad |
     +-------------------------------------------------------------------------------------+
 
-So an owner never holds bytes that some of its layers cannot use (ATOM's per-layer tensors with a
-uniform chunk count per ratio group did, and lost ~39% of compressed capacity). The SWA page count
+So an owner never holds bytes that some of its layers cannot use (docs/prior_art.md measures a
+per-layer layout that does). The SWA page count
 per chunk ``m`` is *chosen*: with one SWA page per chunk the compressed pages leave a remainder
 (V4-Flash fp8: 8 pages fill 95.0%); ``m`` is the smallest value whose compressed packing reaches the
 target.

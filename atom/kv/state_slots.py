@@ -7,8 +7,8 @@ state part over the arena's state pages and addresses them by that id.
 
 A page is handed out *dirty* (it may hold another owner's old bytes): the scheduler marks the
 request's first step ``state_reset`` so the runner clears its CSA rings (kv 0, score -inf) before
-use; the HCA accumulator needs no clearing because a block's first position never reads it. ATOM's
-slots kept the previous owner's rows, which leaked into a resumed request's first compression.
+use, so the previous owner's rows never leak into the request's first compression; the HCA
+accumulator needs no clearing because a block's first position never reads it.
 """
 
 from __future__ import annotations
