@@ -9,6 +9,7 @@ so a cycle cannot hide behind a lazy import.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,9 @@ def _edges() -> set[tuple[str, str]]:
     for f in files:
         src = _unit(f)
         for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "atom":
+                names = [f"atom.{a.name}" for a in node.names]  # ``from atom import envs``
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -67,6 +70,8 @@ ALLOWED = {
     # the step loop: pure Python, so no model, kernels, runner or server
     "atom.model_engine": {"atom.kv", "atom.output", "atom.spec_decode", "atom.step_contract", "atom.config",
                           "atom.kv_group", "atom.sampling_params", "atom.tokenizer", "atom.validation"},
+    # the kernels: only the leaf modules, never an engine room
+    "atom.kernels": {"atom.config", "atom.envs", "atom.kv_group", "atom.validation"},
 }
 
 #: Test oracles and stand-ins: only tests and benchmarks use them.
@@ -88,3 +93,21 @@ def test_a_forbidden_import_is_reported():
              ("atom.model_engine", "atom.testing"), ("atom.model_engine", "atom.kv")}
     assert _broken_rules(edges) == ["atom.kv -> atom.model_engine", "atom.model_engine -> atom.testing",
                                     "atom.spec_decode -> atom.entrypoints"]
+
+
+def _documented_imports() -> dict[str, set[str]]:
+    """Room -> the ``atom.*`` names in the "may import" column of docs/architecture.md's rooms table."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("## Rooms", 1)[1].split("\n\n", 2)[1]
+    rooms = {}
+    for row in table.splitlines()[2:]:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        path = re.match(r"`([^`]+)`", cells[0]).group(1)
+        room = "atom.kernels" if path == "kernels/" else path.rstrip("/").removesuffix(".py").replace("/", ".")
+        rooms[room] = set(re.findall(r"`(atom\.[a-z_.]+)`", cells[2]))
+    return rooms
+
+
+def test_the_architecture_page_lists_what_each_room_may_import():
+    documented = _documented_imports()
+    assert {room: documented.get(room) for room in ALLOWED} == ALLOWED
