@@ -131,22 +131,35 @@ if HAS_TRITON:
                      tl.zeros([xo.shape[0], PAD_P2], dtype=tl.uint8), mask=rm[:, None] & (p[None, :] < PAD))
 
     @triton.jit
-    def load_ds_mla_tile(rows_ptr, ro, valid, d, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr):
-        """fp32 ``[len(ro), len(d)]``: dims ``d`` of the byte rows at ``rows_ptr + ro[i]``, decoded in registers.
+    def load_ds_mla_tile(rows_ptr, ro, valid, d, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr,
+                         ALIGNED: tl.constexpr = False):
+        """fp32 ``[len(ro), len(d)]``: dims ``d`` (``tl.arange(0, BLOCK_D)``, a multiple of ``QBLOCK``) of the
+        byte rows at ``rows_ptr + ro[i]``, decoded in registers.
 
-        Rows without ``valid`` and dims ``d >= NOPE + ROPE`` read as 0."""
+        Rows without ``valid`` and dims ``d >= NOPE + ROPE`` read as 0. Each row's scale bytes are loaded
+        once (``[rows, BLOCK_D / QBLOCK]``) and broadcast over their blocks. ``ALIGNED`` (every row starts
+        at an even byte) loads the RoPE values as bf16 through a cast pointer, one load per value; otherwise
+        as two bytes each."""
+        BLOCK_D: tl.constexpr = d.shape[0]
+        NB: tl.constexpr = BLOCK_D // QBLOCK
         nope = d < NOPE
         rope = (d >= NOPE) & (d < NOPE + ROPE)
-        mn = valid[:, None] & nope[None, :]
-        q = tl.load(rows_ptr + ro[:, None] + d[None, :], mask=mn, other=0)
-        e = tl.load(rows_ptr + ro[:, None] + NOPE + 2 * ROPE + d[None, :] // QBLOCK, mask=mn, other=127)
-        scale = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-        x = q.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+        q = tl.load(rows_ptr + ro[:, None] + d[None, :], mask=valid[:, None] & nope[None, :], other=0)
+        b = tl.arange(0, NB)
+        e = tl.load(rows_ptr + ro[:, None] + NOPE + 2 * ROPE + b[None, :],
+                    mask=valid[:, None] & (b[None, :] < NOPE // QBLOCK), other=127)
+        scale = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # [rows, NB]
+        x = q.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        x = tl.reshape(tl.reshape(x, [x.shape[0], NB, QBLOCK]) * scale[:, :, None], [x.shape[0], BLOCK_D])
         mr = valid[:, None] & rope[None, :]
-        rb = rows_ptr + ro[:, None] + NOPE + 2 * (d[None, :] - NOPE)
-        lo = tl.load(rb, mask=mr, other=0).to(tl.int32)
-        hi = tl.load(rb + 1, mask=mr, other=0).to(tl.int32)
-        r = ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)  # bf16 bits in the top half of an fp32
+        if ALIGNED:
+            rope_ptr = (rows_ptr + ro[:, None] + NOPE).to(tl.pointer_type(tl.bfloat16))
+            r = tl.load(rope_ptr + (d[None, :] - NOPE), mask=mr, other=0.0).to(tl.float32)
+        else:
+            rb = rows_ptr + ro[:, None] + NOPE + 2 * (d[None, :] - NOPE)
+            lo = tl.load(rb, mask=mr, other=0).to(tl.int32)
+            hi = tl.load(rb + 1, mask=mr, other=0).to(tl.int32)
+            r = ((hi << 24) | (lo << 16)).to(tl.float32, bitcast=True)  # bf16 bits in the top half of an fp32
         return tl.where(nope[None, :], x, r)
 
     @triton.jit

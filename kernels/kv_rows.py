@@ -115,15 +115,16 @@ if HAS_TRITON:
 
     @triton.jit
     def load_rows(rows_ptr, row_off, valid, d, width, FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr,
-                  QBLOCK: tl.constexpr):
+                  QBLOCK: tl.constexpr, ALIGNED: tl.constexpr = False):
         """fp32 tile ``[len(row_off), len(d)]`` of dims ``d`` of the rows at ``rows_ptr + row_off[i]``.
 
-        Rows without ``valid`` and dims ``d >= width`` (the value width) read as 0."""
+        Rows without ``valid`` and dims ``d >= width`` (the value width) read as 0. ``ALIGNED``: every byte
+        row starts at an even byte (``fp8_ds_mla`` rows then read their bf16 part with 16-bit loads)."""
         if FMT == 0:
             x = tl.load(rows_ptr + row_off[:, None] + d[None, :], mask=valid[:, None] & (d[None, :] < width),
                         other=0.0).to(tl.float32)
         elif FMT == 1:
-            x = load_ds_mla_tile(rows_ptr, row_off, valid, d, NOPE, ROPE, QBLOCK)
+            x = load_ds_mla_tile(rows_ptr, row_off, valid, d, NOPE, ROPE, QBLOCK, ALIGNED)
         else:
             x = load_index_key_tile(rows_ptr, row_off, valid, d, NOPE)
         return x

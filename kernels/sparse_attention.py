@@ -97,14 +97,17 @@ if HAS_TRITON:
     @triton.jit
     def _attend_source(q, m_i, l_i, acc, rows_ptr, rows_stride, idx_ptr, n_idx, dim, scale,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr, NOPE: tl.constexpr,
-                       ROPE: tl.constexpr, QBLOCK: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr):
+                       ROPE: tl.constexpr, QBLOCK: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
+                       ALIGNED: tl.constexpr):
         """Fold the rows listed at idx_ptr[0:n_idx] into the online-softmax state (m_i, l_i, acc)."""
         d = tl.arange(0, BLOCK_D)
         for n0 in range(0, n_idx, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             idx = tl.load(idx_ptr + n, mask=n < n_idx, other=-1)
             valid = idx >= 0
-            kv = load_rows(rows_ptr, idx.to(tl.int64) * rows_stride, valid, d, dim, FMT, NOPE, ROPE, QBLOCK)
+            kv = load_rows(rows_ptr, idx.to(tl.int64) * rows_stride, valid, d, dim, FMT, NOPE, ROPE, QBLOCK, ALIGNED)
+            if BF16:
+                kv = kv.to(tl.bfloat16)  # exact: the rows are bf16 values; halves the tile's registers
             s = mma(q, tl.trans(kv), BF16, NATIVE) * scale
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -121,23 +124,32 @@ if HAS_TRITON:
                                  crows_stride, scale, HAS_COMP: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                                  FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr,
-                                 BF16: tl.constexpr, NATIVE: tl.constexpr):
-        t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+                                 BF16: tl.constexpr, NATIVE: tl.constexpr, ALIGNED: tl.constexpr):
+        hblocks = tl.cdiv(heads, BLOCK_H)  # a token's head blocks are neighbours: they share its rows in L2
+        t = (tl.program_id(0) // hblocks).to(tl.int64)
+        h = (tl.program_id(0) % hblocks) * BLOCK_H + tl.arange(0, BLOCK_H)
         d = tl.arange(0, BLOCK_D)
         hm = h < heads
         qm = hm[:, None] & (d[None, :] < dim)
-        q = tl.load(q_ptr + t * q_s0 + h[:, None] * q_s1 + d[None, :], mask=qm, other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + t * q_s0 + h[:, None] * q_s1 + d[None, :], mask=qm, other=0.0)
+        if not BF16:
+            q = q.to(tl.float32)
         m_i = tl.load(sink_ptr + h, mask=hm, other=0.0)  # the sink is the first "key", value 0
         l_i = tl.full([BLOCK_H], 1.0, tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
         m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, wrows_ptr, wrows_stride, widx_ptr + t * n_win, n_win,
-                                       dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK, BF16, NATIVE)
+                                       dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK, BF16, NATIVE, ALIGNED)
         if HAS_COMP:
             m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, crows_ptr, crows_stride, cidx_ptr + t * n_comp,
-                                           n_comp, dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK, BF16, NATIVE)
+                                           n_comp, dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK, BF16, NATIVE,
+                                           ALIGNED)
         out = acc / l_i[:, None]
         tl.store(out_ptr + t * o_s0 + h[:, None] * o_s1 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=qm)
+
+
+def _even_rows(*views: torch.Tensor) -> bool:
+    """Every row of every view starts at an even element (for byte rows: a 2-byte aligned bf16 RoPE part)."""
+    return all(v.stride(0) % 2 == 0 and v.storage_offset() % 2 == 0 for v in views)
 
 
 def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: torch.Tensor,
@@ -166,12 +178,13 @@ def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: tor
     tiles = tiles_for(q.device)
     block_h = max(16, min(next_pow2(heads), tiles.attn_heads))
     block_d = max(16, next_pow2(dim))
-    grid = (num_tokens, triton.cdiv(heads, block_h))
+    grid = (num_tokens * triton.cdiv(heads, block_h),)
     fmt = {k: v for k, v in codec_constexprs(codec).items() if k in ("FMT", "NOPE", "ROPE", "QBLOCK")}
     _sparse_attention_kernel[grid](q, out, window_rows, window_idx, crows, cidx, sink, heads, dim,
                                    window_idx.shape[1], cidx.shape[1], q.stride(0), q.stride(1),
                                    out.stride(0), out.stride(1), window_rows.stride(0), crows.stride(0),
                                    scale, HAS_COMP=has_comp, BLOCK_H=block_h,
                                    BLOCK_N=tiles.attn_rows, BLOCK_D=block_d,
-                                   BF16=q.dtype == torch.bfloat16, NATIVE=tiles.native_bf16_dot, **fmt)
+                                   BF16=q.dtype == torch.bfloat16, NATIVE=tiles.native_bf16_dot,
+                                   ALIGNED=_even_rows(window_rows, crows), num_warps=tiles.attn_warps, **fmt)
     return out

@@ -3,7 +3,7 @@ attention and indexer scores over byte rows equal those over their decoded value
 
 import pytest
 import torch
-from support.kernels import arena_rows, assert_same_bits, i32, random_table
+from support.kernels import arena_rows, assert_same_bits, assert_within_bf16_probability_rounding, i32, random_table
 
 from atom.kernels.compressed_write import compressed_write, compressed_write_ref
 from atom.kernels.fp8_ds_mla import Fp8DsMlaLayout, fp8_ds_mla_dequantize_ref, fp8_ds_mla_quantize_ref
@@ -72,8 +72,8 @@ def test_compressed_write_of_byte_rows_stores_the_codec_bytes_and_triton_agrees(
         assert_same_bits(ref[row], codes[n])
 
 
-def attention_inputs(gen, tokens=6, heads=5, n_rows=40):
-    _, rows = arena_rows(n_rows, ROW.row_bytes, torch.uint8)
+def attention_inputs(gen, tokens=6, heads=5, n_rows=40, offset=7, pitch_extra=3):
+    _, rows = arena_rows(n_rows, ROW.row_bytes, torch.uint8, offset=offset, pitch_extra=pitch_extra)
     rows.copy_(fp8_ds_mla_quantize_ref(values(n_rows, ROW.dim, gen), layout=ROW))
     q = torch.randn(tokens, heads, ROW.dim, generator=gen)
     widx = torch.randint(-1, n_rows, (tokens, 9), generator=gen, dtype=torch.int32)
@@ -88,13 +88,31 @@ def test_attention_over_fp8_rows_is_attention_over_their_decoded_values(gen):
     assert_same_bits(got, sparse_attention_ref(q, decoded, widx, decoded, cidx, sink, scale=0.3))
 
 
+ROW_PLACES = pytest.mark.parametrize("offset,pitch_extra", [(7, 3), (8, 2)],
+                                     ids=["odd-rows-rope-by-bytes", "even-rows-rope-as-bf16"])
+
+
+@ROW_PLACES
 @pytest.mark.parametrize("with_comp", [True, False])
-def test_triton_attention_over_fp8_rows_matches_the_reference(with_comp, gen):
-    q, rows, widx, cidx, sink = attention_inputs(gen)
+def test_triton_attention_over_fp8_rows_matches_the_reference(with_comp, offset, pitch_extra, gen):
+    q, rows, widx, cidx, sink = attention_inputs(gen, offset=offset, pitch_extra=pitch_extra)
     comp = (rows, cidx) if with_comp else (None, None)
     got = sparse_attention(q, rows, widx, *comp, sink, scale=0.3, codec=ROW)
     want = sparse_attention_ref(q, rows, widx, *comp, sink, scale=0.3, codec=ROW)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+@ROW_PLACES
+@pytest.mark.parametrize("tokens,heads", [(6, 5), (1, 64), (3, 20)], ids=["ragged", "one-token-64-heads", "20-heads"])
+def test_triton_attention_of_bf16_queries_over_fp8_rows_is_within_the_probability_rounding(
+        tokens, heads, offset, pitch_extra, gen):
+    q, rows, widx, cidx, sink = attention_inputs(gen, tokens=tokens, heads=heads, offset=offset,
+                                                 pitch_extra=pitch_extra)
+    q = q.to(torch.bfloat16)
+    got = sparse_attention(q, rows, widx, rows, cidx, sink, scale=0.3, codec=ROW)
+    want = sparse_attention_ref(q, rows, widx, rows, cidx, sink, scale=0.3, codec=ROW)
+    decoded = fp8_ds_mla_dequantize_ref(rows, out_dtype=torch.float32, layout=ROW)
+    assert_within_bf16_probability_rounding(got, want, decoded)
 
 
 def test_unwritten_nan_bytes_are_never_read_through_a_masked_index(gen):
