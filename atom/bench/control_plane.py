@@ -18,6 +18,12 @@ per-step time at the largest context to the smallest one with 256 sequences (tar
 before it is ``ops_b128 decode_us=<f> admit_us=<f> prefill_8k_us=<f> free_128k_us=<f>`` at block 128:
 decode (decode-heavy), admission and an 8K prefill chunk and freeing (long-context, 128K prompts).
 Block sizes must be multiples of the model's largest compress ratio (128 for V4-Flash).
+
+With ``--peer vllm`` it instead replays the engine-neutral traces of
+:mod:`atom.bench.control_plane_trace` on atom's block manager and on vLLM's ``KVCacheManager``
+(:mod:`atom.bench.control_plane_side`; ``--reps`` runs of each, alternating), and its last line is
+``peer_ratio_max_op=<float> peer_ratio_step_max=<float> hits_vs_peer_min=<float>``. Without vLLM
+importable it runs atom alone and says so (the ratios are then ``nan``).
 """
 
 from __future__ import annotations
@@ -111,11 +117,20 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--block-sizes", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--decode-steps", type=int, default=32, help="decode steps per request in the ops table")
+    ap.add_argument("--peer", choices=["vllm"], help="replay the same traces on vLLM's KVCacheManager too")
+    ap.add_argument("--reps", type=int, default=5, help="runs of each manager per trace with --peer")
     args = ap.parse_args(argv)
+    if args.reps < 1:
+        ap.error("--reps must be positive")
     if min(args.seqs) < 1 or min(args.contexts) < 1 or args.steps < 1 or args.decode_steps < 1:
         ap.error("--seqs, --contexts, --steps and --decode-steps must be positive")
     if 128 not in args.block_sizes or any(b % 128 for b in args.block_sizes):
         ap.error("--block-sizes must include 128, and every size must be a multiple of 128 (V4-Flash's HCA ratio)")
+    if args.peer:
+        from atom.bench.control_plane_side import side_by_side
+        op, step, hits = side_by_side(args.block_sizes, args.decode_steps, args.reps)
+        print(f"peer_ratio_max_op={op:.3f} peer_ratio_step_max={step:.3f} hits_vs_peer_min={hits:.3f}")
+        return 0
     ops_line = ops_table(args.block_sizes, args.decode_steps)
     print("| running seqs | context | us per step | us per step per seq |")
     print("|---|---|---|---|")

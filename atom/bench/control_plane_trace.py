@@ -1,0 +1,173 @@
+"""Engine-neutral operation traces for comparing KV-cache managers step by step.
+
+A trace is the list of steps a simple scheduler would run over one workload, written without
+reference to any cache: each step lists operations on request indices, in the order an engine
+performs them:
+
+- ``("decode", i, 1)``: request ``i`` (prompt done) runs one token;
+- ``("chunk", i, n)``: request ``i`` runs up to ``n`` more prompt tokens (its prefill continues);
+- ``("admit", i, n)``: request ``i`` is admitted with a first step of up to ``n`` tokens;
+- ``("free", i, 0)``: request ``i`` has finished and releases its KV (after the step).
+
+Each step decodes every request past its prompt, then spends a prefill budget of ``CHUNK`` tokens on
+the request being prefilled and then on admissions, in arrival order. A request decodes
+``decode_steps`` tokens after its prompt, then is freed. The trace assumes no prefix hits; an engine
+that hits runs fewer prompt tokens and skips the ``chunk`` operations it no longer needs, so every
+engine replays the same operations against its own cache. :func:`replay` drives a
+:class:`ReplayEngine` through the trace and times each operation in this process's CPU time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = ["CHUNK", "Trace", "TRACES", "Op", "build_steps", "prompt_tokens", "ReplayEngine", "RunRecord", "replay"]
+
+CHUNK = 8192  # prefill tokens per step
+
+Op = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A workload: ``num_seqs`` prompts of ``context`` tokens whose first ``shared`` tokens are common."""
+
+    name: str
+    num_seqs: int
+    context: int
+    shared: int = 0
+
+
+TRACES = (Trace("decode-heavy", 256, 4096), Trace("long-context", 32, 131072),
+          Trace("shared-prefix", 64, 4096 + 512, shared=4096))
+
+
+def prompt_tokens(trace: Trace, i: int) -> list[int]:
+    """Request ``i``'s prompt: the shared part, then tokens of its own (small ints, token ids < 50,001)."""
+    own = [(i * 7919 + j * 31) % 50000 + 1 for j in range(trace.context - trace.shared)]
+    return [(j * 13) % 50000 + 1 for j in range(trace.shared)] + own
+
+
+def build_steps(trace: Trace, decode_steps: int, chunk: int = CHUNK) -> list[list[Op]]:
+    """The trace's steps (see the module docstring). ``decode_steps`` >= 1, ``chunk`` >= 1."""
+    if decode_steps < 1 or chunk < 1:
+        raise ValueError(f"decode_steps ({decode_steps}) and chunk ({chunk}) must be at least 1")
+    waiting = deque(range(trace.num_seqs))
+    prefilling: deque[list[int]] = deque()  # [request, prompt tokens run so far]
+    decoding: dict[int, int] = {}  # request -> decode steps left
+    steps: list[list[Op]] = []
+    while waiting or prefilling or decoding:
+        ops: list[Op] = []
+        finished = []
+        for i in list(decoding):
+            ops.append(("decode", i, 1))
+            decoding[i] -= 1
+            if not decoding[i]:
+                del decoding[i]
+                finished.append(i)
+        budget = chunk
+        for entry in prefilling:
+            n = min(budget, trace.context - entry[1])
+            if n:
+                ops.append(("chunk", entry[0], n))
+                entry[1] += n
+                budget -= n
+        while waiting and budget:
+            i = waiting.popleft()
+            n = min(budget, trace.context)
+            ops.append(("admit", i, n))
+            prefilling.append([i, n])
+            budget -= n
+        while prefilling and prefilling[0][1] == trace.context:
+            decoding[prefilling.popleft()[0]] = decode_steps
+        ops.extend(("free", i, 0) for i in finished)
+        steps.append(ops)
+    return steps
+
+
+class ReplayEngine(Protocol):
+    """One KV-cache manager driven by a trace. Each call does what an engine's scheduler and its
+    post-step bookkeeping do for one request; ``tokens`` are those the request actually ran."""
+
+    def admit(self, i: int, max_new: int) -> tuple[int, int]:
+        """Prefix match + first step of up to ``max_new`` tokens: (hit tokens, tokens run)."""
+        ...
+
+    def grow(self, i: int, max_new: int, prefill: bool) -> int:
+        """Back the next step of request ``i``: a prefill chunk of up to ``max_new`` tokens
+        (``prefill``), or one decode token; returns the tokens it runs (0: a chunk of a prompt that a
+        prefix hit already covered, nothing to do)."""
+        ...
+
+    def after(self, i: int, tokens: int) -> None:
+        """After the step: ``tokens`` more are computed; past the prompt, a token is appended."""
+        ...
+
+    def end_step(self) -> None:
+        """Per-step work that is not any one request's (collecting table deltas)."""
+        ...
+
+    def free(self, i: int) -> None:
+        ...
+
+
+@dataclass
+class RunRecord:
+    """One replay: microseconds per operation (by kind), per step, and hit tokens."""
+
+    ops: dict[str, list[float]] = field(default_factory=dict)
+    steps: list[float] = field(default_factory=list)
+    hit_tokens: int = 0
+
+
+def _kind(op: str, tokens: int, chunk: int) -> str | None:
+    if op == "chunk":
+        return "prefill_8k" if tokens == chunk else None  # partial chunks are not compared
+    return op
+
+
+def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK) -> RunRecord:
+    """Run ``steps`` on ``engine``: per step, first every request's allocation (admit / grow), then
+    after the (absent) forward pass every request's post-step work, then ``end_step``, then the
+    frees. An operation's time is its allocation plus its post-step work."""
+    clock, rec = time.process_time_ns, RunRecord()  # CPU time: other processes do not inflate it
+    for ops in steps:
+        step_ns = 0
+        ran: list[tuple[str, int, int, int]] = []  # (kind, request, tokens, ns so far)
+        for op, i, n in ops:
+            if op == "free":
+                continue
+            t0 = clock()
+            if op == "admit":
+                hit, tokens = engine.admit(i, n)
+                rec.hit_tokens += hit
+            else:
+                tokens = engine.grow(i, n, op == "chunk")
+            dt = clock() - t0
+            if tokens:
+                ran.append((op, i, tokens, dt))
+            step_ns += dt
+        for op, i, tokens, dt in ran:
+            t0 = clock()
+            engine.after(i, tokens)
+            d = clock() - t0
+            dt += d
+            step_ns += d
+            kind = _kind(op, tokens, chunk)
+            if kind is not None:
+                rec.ops.setdefault(kind, []).append(dt / 1e3)
+        t0 = clock()
+        engine.end_step()
+        step_ns += clock() - t0
+        for op, i, _ in ops:
+            if op == "free":
+                t0 = clock()
+                engine.free(i)
+                dt = clock() - t0
+                step_ns += dt
+                rec.ops.setdefault("free", []).append(dt / 1e3)
+        rec.steps.append(step_ns / 1e3)
+    return rec
