@@ -134,26 +134,35 @@ class ChunkBackedFreeList:
 
     def pop_many(self, n: int) -> list[int]:
         """``n`` pages, the same choice as ``n`` calls of :meth:`pop` (fullest chunk first), taken a
-        chunk at a time. The caller checked they fit (:class:`ArenaEmpty` part-way otherwise)."""
+        chunk at a time: first the partial chunks, then fresh chunks from the arena, each filled from
+        its first page (a fresh chunk costs O(1) list operations, not one per page). The caller
+        checked they fit (:class:`ArenaEmpty` part-way otherwise)."""
         out: list[int] = []
-        ppc = self.pages_per_chunk
+        ppc, by_used, free_local_of = self.pages_per_chunk, self._by_used, self._free_local
         while len(out) < n:
             chunk = self._fullest_partial_chunk()
             if chunk is None:
-                chunk = self.arena.acquire()
-                self._free_local[chunk] = list(range(ppc - 1, -1, -1))
-                used = 0
-            else:
-                used = self.used_in_chunk(chunk)
-                del self._by_used[used][chunk]
-            free_local = self._free_local[chunk]
+                break
+            used = ppc - len(free_local_of[chunk])
+            del by_used[used][chunk]
+            free_local = free_local_of[chunk]
             k = min(n - len(out), len(free_local))
             base = chunk * ppc
             out += [base + local for local in reversed(free_local[-k:])]
             del free_local[-k:]
             if used + k < ppc:
-                self._by_used[used + k][chunk] = None
+                by_used[used + k][chunk] = None
             self._num_used += k
+        rest = n - len(out)
+        while rest > 0:
+            chunk = self.arena.acquire()
+            base, k = chunk * ppc, min(rest, ppc)
+            out += range(base, base + k)
+            free_local_of[chunk] = list(range(ppc - 1, k - 1, -1))
+            if k < ppc:
+                by_used[k][chunk] = None
+            self._num_used += k
+            rest -= k
         return out
 
     def free_many(self, pages: list[int]) -> None:
