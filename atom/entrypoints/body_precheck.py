@@ -9,8 +9,10 @@ separate process, and only the verdict comes back. A body it refuses is never de
 process; a body it accepts is decoded again there (it passed every limit, so what that costs is the
 cost of work the server takes on anyway).
 
-If the helper process dies, the check is skipped for that request (the in-process parse still
-applies every limit) and a new helper is started for the next one.
+If a helper process dies (or cannot start: ``spawn`` re-imports the main module, which a program
+read from stdin does not have), that request is checked in-process only (``parse_body`` still applies
+every limit) and the helpers are not tried again: one warning, then the server parses every body
+in-process, as it does small ones.
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ class BodyPrecheck:
         try:
             verdict = pool.submit(_verdict, raw, chat, self.limits, self.max_model_len).result()
         except (BrokenProcessPool, RuntimeError) as exc:  # the helper died, or the pool is shutting down
-            log.warning("atom: the body-check process failed (%r); checking this body in-process", exc)
-            self._drop(pool)
+            if self._disable(pool):
+                log.warning("atom: the body-check process failed (%r); large bodies are checked in-process "
+                            "from now on", exc)
             return
         if verdict is not None:
             status, message, type_, param, code = verdict
@@ -102,8 +105,11 @@ class BodyPrecheck:
                     max_workers=self.limits.parse_threads, mp_context=multiprocessing.get_context("spawn"))
             return self._pool
 
-    def _drop(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    def _disable(self, pool: concurrent.futures.ProcessPoolExecutor) -> bool:
+        """Stop using helper processes; True the first time (so the caller warns once)."""
         with self._lock:
-            if self._pool is pool:
-                self._pool = None
+            first = not self._closed
+            self._closed = True
+            self._pool = None
         pool.shutdown(wait=False, cancel_futures=True)
+        return first

@@ -2,6 +2,8 @@
 while it is being checked this process's other threads keep running."""
 
 import json
+import os
+import signal
 import threading
 import time
 
@@ -63,3 +65,20 @@ def test_other_threads_keep_the_interpreter_while_a_large_body_is_checked(preche
     assert info.value.param == "stop"
     # decoding in this process would hold the lock: the spinner would get almost nothing done
     assert during > 0.5 * alone, (during, alone)
+
+
+def test_when_a_helper_dies_the_body_is_left_to_the_in_process_parse_and_helpers_are_not_restarted():
+    checker = BodyPrecheck(LIMITS, 4096)
+    try:
+        checker.warm()
+        pool = checker._get_pool()
+        first = pool.submit(len, b"x")
+        assert first.result(timeout=60) == 1
+        for pid in list(pool._processes):
+            os.kill(pid, signal.SIGKILL)
+        body = json.dumps({"model": MODEL, "prompt": [65] * 1_000_000}).encode()
+        assert checker.check(body, CompletionRequest) is None  # not refused here: parse_body refuses it
+        assert checker._get_pool() is None
+        assert checker.check(body, CompletionRequest) is None
+    finally:
+        checker.close()
