@@ -84,11 +84,16 @@ class Geometry:
 
 @dataclass(frozen=True)
 class Variant:
-    """One launch of one wrapper: ``launch()`` calls the wrapper (its kernels are captured, not run)."""
+    """One launch of one wrapper: ``launch()`` calls the wrapper (its kernels are captured, not run).
+    A kernel named in ``kernel_families`` (a helper launch, e.g. the split-merge) gets that family."""
 
     family: str
     name: str
     launch: Callable[[], object]
+    kernel_families: tuple[tuple[str, str], ...] = ()
+
+    def family_of(self, kernel: str) -> str:
+        return dict(self.kernel_families).get(kernel, self.family)
 
 
 def _i32(*shape: int, fill: int = 0) -> torch.Tensor:
@@ -120,16 +125,20 @@ def variants(g: Geometry) -> list[Variant]:
     sink = _f32(g.heads)
     out: list[Variant] = []
 
-    def add(family: str, name: str, fn: Callable[[], object]) -> None:
-        out.append(Variant(family, name, fn))
+    def add(family: str, name: str, fn: Callable[[], object], **kernel_families: str) -> None:
+        out.append(Variant(family, name, fn, tuple(kernel_families.items())))
 
     scale = float(g.head_dim) ** -0.5
-    add("attention", f"sparse_attention fp8_ds_mla swa H={g.heads}", lambda: sparse_attention.sparse_attention(
-        q, main_rows, win, None, None, sink, scale=scale, codec=rc))
-    add("attention", f"sparse_attention fp8_ds_mla swa+comp H={g.heads}", lambda: sparse_attention.sparse_attention(
-        q, main_rows, win, main_rows, comp_idx, sink, scale=scale, codec=rc))
-    add("attention", f"sparse_attention bf16 swa+comp H={g.heads}", lambda: sparse_attention.sparse_attention(
-        q, _bf16(ROWS, g.head_dim), win, _bf16(ROWS, g.head_dim), comp_idx, sink, scale=scale))
+    merge = dict(_combine_kernel="merge")  # the split-merge is elementwise: no dot to put on tensor cores
+    for n in (1, t):  # decode at batch 1 (each token's keys split) and batch t (split only when the GPU is not full)
+        add("attention", f"sparse_attention fp8_ds_mla swa T={n} H={g.heads}",
+            lambda n=n: sparse_attention.sparse_attention(q[:n], main_rows, win[:n], None, None, sink, scale=scale,
+                                                          codec=rc), **merge)
+        add("attention", f"sparse_attention fp8_ds_mla swa+comp T={n} H={g.heads}",
+            lambda n=n: sparse_attention.sparse_attention(q[:n], main_rows, win[:n], main_rows, comp_idx[:n], sink,
+                                                          scale=scale, codec=rc), **merge)
+    add("attention", f"sparse_attention bf16 swa+comp T={t} H={g.heads}", lambda: sparse_attention.sparse_attention(
+        q, _bf16(ROWS, g.head_dim), win, _bf16(ROWS, g.head_dim), comp_idx, sink, scale=scale), **merge)
     iq, iw = _bf16(t, g.index_heads, g.index_dim), _bf16(t, g.index_heads)
     add("indexer", f"index_score fp8 keys H={g.index_heads}", lambda: index_score.index_score(
         iq, iw, key_rows, _i32(t, 4096), codec=kc))
@@ -275,9 +284,10 @@ def main(argv: list[str] | None = None) -> int:
                           + " ".join(str(e).split())[:300])
                     continue
                 for kname, s in kernels:
-                    print(_row(hw, model, v.family, f"{v.name} [{kname}]", s), flush=True)
+                    family = v.family_of(kname)
+                    print(_row(hw, model, family, f"{v.name} [{kname}]", s), flush=True)
                     spill_max = max(spill_max, s.spill_bytes)
-                    hw_kernel = v.family in HW_FAMILIES
+                    hw_kernel = family in HW_FAMILIES
                     no_tc += hw_kernel and (s.low_precision_mma == 0 or s.fp32_mma > 0)
                     smem_over += s.smem > hw.smem_limit or (hw_kernel and s.occupancy < 2)
     if failed:

@@ -95,15 +95,15 @@ if HAS_TRITON:
     from .kv_rows import load_rows
 
     @triton.jit
-    def _attend_source(q, m_i, l_i, acc, rows_ptr, rows_stride, idx_ptr, n_idx, dim, scale,
+    def _attend_source(q, m_i, l_i, acc, rows_ptr, rows_stride, idx_ptr, start, end, dim, scale,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr, NOPE: tl.constexpr,
                        ROPE: tl.constexpr, QBLOCK: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
                        ALIGNED: tl.constexpr):
-        """Fold the rows listed at idx_ptr[0:n_idx] into the online-softmax state (m_i, l_i, acc)."""
+        """Fold the rows listed at idx_ptr[start:end] into the online-softmax state (m_i, l_i, acc)."""
         d = tl.arange(0, BLOCK_D)
-        for n0 in range(0, n_idx, BLOCK_N):
+        for n0 in range(start, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
-            idx = tl.load(idx_ptr + n, mask=n < n_idx, other=-1)
+            idx = tl.load(idx_ptr + n, mask=n < end, other=-1)
             valid = idx >= 0
             kv = load_rows(rows_ptr, idx.to(tl.int64) * rows_stride, valid, d, dim, FMT, NOPE, ROPE, QBLOCK, ALIGNED)
             if BF16:
@@ -119,37 +119,91 @@ if HAS_TRITON:
         return m_i, l_i, acc
 
     @triton.jit
-    def _sparse_attention_kernel(q_ptr, out_ptr, wrows_ptr, widx_ptr, crows_ptr, cidx_ptr,
-                                 sink_ptr, heads, dim, n_win, n_comp, q_s0, q_s1, o_s0, o_s1, wrows_stride,
-                                 crows_stride, scale, HAS_COMP: tl.constexpr,
+    def _sparse_attention_kernel(q_ptr, out_ptr, part_ptr, ml_ptr, wrows_ptr, widx_ptr, crows_ptr, cidx_ptr,
+                                 sink_ptr, heads, dim, n_win, n_comp, splits, split_len, q_s0, q_s1, o_s0, o_s1,
+                                 wrows_stride, crows_stride, scale, HAS_COMP: tl.constexpr, SPLIT: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                                  FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr,
                                  BF16: tl.constexpr, NATIVE: tl.constexpr, ALIGNED: tl.constexpr):
-        hblocks = tl.cdiv(heads, BLOCK_H)  # a token's head blocks are neighbours: they share its rows in L2
-        t = (tl.program_id(0) // hblocks).to(tl.int64)
-        h = (tl.program_id(0) % hblocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+        """One program per (token, head block, split of the key list); programs of one token are neighbours
+        so they share its rows in L2. ``SPLIT``: write the split's unnormalised state to ``part`` / ``ml``
+        for :func:`_combine_kernel`; else the output."""
+        pid = tl.program_id(0)
+        sp = pid % splits
+        hblocks = tl.cdiv(heads, BLOCK_H)
+        t = (pid // splits // hblocks).to(tl.int64)
+        h = (pid // splits % hblocks) * BLOCK_H + tl.arange(0, BLOCK_H)
         d = tl.arange(0, BLOCK_D)
         hm = h < heads
         qm = hm[:, None] & (d[None, :] < dim)
         q = tl.load(q_ptr + t * q_s0 + h[:, None] * q_s1 + d[None, :], mask=qm, other=0.0)
         if not BF16:
             q = q.to(tl.float32)
-        m_i = tl.load(sink_ptr + h, mask=hm, other=0.0)  # the sink is the first "key", value 0
-        l_i = tl.full([BLOCK_H], 1.0, tl.float32)
+        # every split starts from the sink as its running max; only split 0 counts the sink's exp(0) = 1
+        m_i = tl.load(sink_ptr + h, mask=hm, other=0.0)
+        l_i = tl.full([BLOCK_H], 1.0, tl.float32) * (sp == 0).to(tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-        m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, wrows_ptr, wrows_stride, widx_ptr + t * n_win, n_win,
-                                       dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK, BF16, NATIVE, ALIGNED)
+        lo = sp * split_len  # keys lo .. hi of the window list followed by the compressed list
+        hi = lo + split_len
+        m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, wrows_ptr, wrows_stride, widx_ptr + t * n_win,
+                                       tl.minimum(lo, n_win), tl.minimum(hi, n_win), dim, scale, BLOCK_N, BLOCK_D,
+                                       FMT, NOPE, ROPE, QBLOCK, BF16, NATIVE, ALIGNED)
         if HAS_COMP:
-            m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, crows_ptr, crows_stride, cidx_ptr + t * n_comp,
-                                           n_comp, dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK, BF16, NATIVE,
+            c_lo = tl.minimum(tl.maximum(lo - n_win, 0), n_comp)
+            c_hi = tl.minimum(tl.maximum(hi - n_win, 0), n_comp)
+            m_i, l_i, acc = _attend_source(q, m_i, l_i, acc, crows_ptr, crows_stride, cidx_ptr + t * n_comp, c_lo,
+                                           c_hi, dim, scale, BLOCK_N, BLOCK_D, FMT, NOPE, ROPE, QBLOCK, BF16, NATIVE,
                                            ALIGNED)
-        out = acc / l_i[:, None]
+        if SPLIT:
+            base = t * splits + sp
+            tl.store(part_ptr + (base * heads + h[:, None]) * dim + d[None, :], acc, mask=qm)
+            tl.store(ml_ptr + (base * 2) * heads + h, m_i, mask=hm)
+            tl.store(ml_ptr + (base * 2 + 1) * heads + h, l_i, mask=hm)
+        else:
+            out = acc / l_i[:, None]
+            tl.store(out_ptr + t * o_s0 + h[:, None] * o_s1 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=qm)
+
+    @triton.jit
+    def _combine_kernel(part_ptr, ml_ptr, out_ptr, heads, dim, splits, o_s0, o_s1, BLOCK_H: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+        """Merge a token's split states: ``out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s``."""
+        hblocks = tl.cdiv(heads, BLOCK_H)
+        t = (tl.program_id(0) // hblocks).to(tl.int64)
+        h = (tl.program_id(0) % hblocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        hm = h < heads
+        qm = hm[:, None] & (d[None, :] < dim)
+        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        for sp in range(splits):
+            base = t * splits + sp
+            m_s = tl.load(ml_ptr + (base * 2) * heads + h, mask=hm, other=0.0)  # finite: at least the sink
+            l_s = tl.load(ml_ptr + (base * 2 + 1) * heads + h, mask=hm, other=0.0)
+            a_s = tl.load(part_ptr + (base * heads + h[:, None]) * dim + d[None, :], mask=qm, other=0.0)
+            m_new = tl.maximum(m, m_s)
+            c, c_s = tl.exp(m - m_new), tl.exp(m_s - m_new)
+            l = l * c + l_s * c_s
+            acc = acc * c[:, None] + a_s * c_s[:, None]
+            m = m_new
+        out = acc / tl.where(hm, l, 1.0)[:, None]  # l >= 1 on real heads (split 0 holds the sink's 1)
         tl.store(out_ptr + t * o_s0 + h[:, None] * o_s1 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=qm)
 
 
 def _even_rows(*views: torch.Tensor) -> bool:
     """Every row of every view starts at an even element (for byte rows: a 2-byte aligned bf16 RoPE part)."""
     return all(v.stride(0) % 2 == 0 and v.storage_offset() % 2 == 0 for v in views)
+
+
+def key_splits(programs: int, n_keys: int, rows_per_step: int, split_below: int) -> tuple[int, int]:
+    """``(splits, keys per split)`` of each token's key list: unsplit (``(1, n_keys)``) when ``programs``
+    (tokens x head blocks) reach ``split_below`` (the GPU is full), else enough splits to reach it, each
+    at least two steps of ``rows_per_step`` keys (a multiple of it) and none empty."""
+    if programs >= split_below or n_keys <= 2 * rows_per_step:
+        return 1, max(n_keys, 1)
+    want = min(-(-split_below // programs), -(-n_keys // (2 * rows_per_step)))
+    per = -(-(-(-n_keys // want)) // rows_per_step) * rows_per_step
+    return -(-n_keys // per), per
 
 
 def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: torch.Tensor,
@@ -165,7 +219,9 @@ def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: tor
         codec: None when window and compressed rows are plain rows of q's dtype; the
             :class:`Fp8DsMlaLayout` of both when they are uint8 ``fp8_ds_mla`` rows.
 
-    Returns ``[T, H, D]`` in q's dtype. Raises ValueError before launch on bad arguments.
+    Returns ``[T, H, D]`` in q's dtype. Raises ValueError before launch on bad arguments. A batch with
+    fewer programs than ``Tiles.attn_split_below`` splits each token's key list (:func:`key_splits`) and
+    merges the splits in a second kernel; the split count follows from shapes only (no device read).
     """
     _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, codec)
     require_triton("sparse_attention")
@@ -178,13 +234,19 @@ def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: tor
     tiles = tiles_for(q.device)
     block_h = max(16, min(next_pow2(heads), tiles.attn_heads))
     block_d = max(16, next_pow2(dim))
-    grid = (num_tokens * triton.cdiv(heads, block_h),)
+    programs = num_tokens * triton.cdiv(heads, block_h)
+    n_keys = window_idx.shape[1] + (cidx.shape[1] if has_comp else 0)
+    splits, split_len = key_splits(programs, n_keys, tiles.attn_rows, tiles.attn_split_below)
+    part = torch.empty(num_tokens, splits, heads, dim, dtype=torch.float32, device=q.device) if splits > 1 else out
+    ml = torch.empty(num_tokens, splits, 2, heads, dtype=torch.float32, device=q.device) if splits > 1 else out
     fmt = {k: v for k, v in codec_constexprs(codec).items() if k in ("FMT", "NOPE", "ROPE", "QBLOCK")}
-    _sparse_attention_kernel[grid](q, out, window_rows, window_idx, crows, cidx, sink, heads, dim,
-                                   window_idx.shape[1], cidx.shape[1], q.stride(0), q.stride(1),
-                                   out.stride(0), out.stride(1), window_rows.stride(0), crows.stride(0),
-                                   scale, HAS_COMP=has_comp, BLOCK_H=block_h,
-                                   BLOCK_N=tiles.attn_rows, BLOCK_D=block_d,
-                                   BF16=q.dtype == torch.bfloat16, NATIVE=tiles.native_bf16_dot,
-                                   ALIGNED=_even_rows(window_rows, crows), num_warps=tiles.attn_warps, **fmt)
+    _sparse_attention_kernel[(programs * splits,)](
+        q, out, part, ml, window_rows, window_idx, crows, cidx, sink, heads, dim, window_idx.shape[1], cidx.shape[1],
+        splits, split_len, q.stride(0), q.stride(1), out.stride(0), out.stride(1), window_rows.stride(0),
+        crows.stride(0), scale, HAS_COMP=has_comp, SPLIT=splits > 1, BLOCK_H=block_h, BLOCK_N=tiles.attn_rows,
+        BLOCK_D=block_d, BF16=q.dtype == torch.bfloat16, NATIVE=tiles.native_bf16_dot,
+        ALIGNED=_even_rows(window_rows, crows), num_warps=tiles.attn_warps, **fmt)
+    if splits > 1:
+        _combine_kernel[(programs,)](part, ml, out, heads, dim, splits, out.stride(0), out.stride(1), BLOCK_H=block_h,
+                                     BLOCK_D=block_d, num_warps=tiles.attn_warps)
     return out

@@ -1,6 +1,7 @@
 """Sparse attention with a sink: reference vs a float64 loop, Triton vs reference, and the paged pipeline
 (swa_write + compressed_write + index builders + attention) against attention over contiguous K."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,7 +9,8 @@ import torch
 from support.kernels import arena_rows, assert_within_bf16_probability_rounding, i32, random_table
 
 from atom.kernels.backend import load_kernels
-from atom.kernels.sparse_attention import sparse_attention, sparse_attention_ref
+from atom.kernels.sparse_attention import key_splits, sparse_attention, sparse_attention_ref
+from atom.kernels.tiles import TILES
 
 
 def naive_attention(q, wrows, widx, crows, cidx, sink, scale):
@@ -167,3 +169,45 @@ def test_masked_slots_never_read_row_zero_of_a_nan_arena(fn, gen):
     out = fn(torch.randn(2, 2, 16, generator=gen), rows, widx, rows, i32([[-1, 5], [-1, 2]]),
              torch.zeros(2), scale=0.25)
     assert not bool(out.isnan().any())
+
+
+@pytest.fixture
+def split_keys(monkeypatch):
+    """Interpreter tiles that split every token's key list into pieces of two 16-row steps."""
+    monkeypatch.setitem(TILES, "interpreter", dataclasses.replace(TILES["interpreter"], attn_rows=16,
+                                                                  attn_split_below=10 ** 6))
+
+
+def test_key_splits_fill_the_gpu_with_whole_steps_and_leave_a_full_one_unsplit():
+    assert key_splits(4, 640, 16, 264) == (20, 32)  # min(264 / 4, 640 / 32) = 20 splits of 32 keys
+    assert key_splits(4, 100, 16, 264) == (4, 32)  # 100 keys: 4 splits of 2 steps, the last short
+    assert key_splits(264, 640, 16, 264) == (1, 640)  # the GPU is full: one program per token and head block
+    assert key_splits(1, 32, 16, 264) == (1, 32)  # two steps or fewer: nothing to split
+
+
+@pytest.mark.parametrize("T,H,D,W,Kc", [(1, 5, 24, 16, 70), (3, 20, 32, 40, 0), (2, 4, 16, 9, 37)],
+                         ids=["one-token", "window-only-heads-past-a-tile", "ragged-short-window"])
+def test_split_keys_and_the_combine_equal_the_reference_in_fp32(split_keys, T, H, D, W, Kc, gen):
+    q, wrows, widx, crows, cidx, sink = random_case(T, H, D, 30, 50, W, Kc, gen)
+    widx[0, : W // 2] = -1
+    comp = (crows, cidx) if Kc else (None, None)
+    assert W + Kc > 2 * 16  # more than two 16-row steps: the list is split
+    got = sparse_attention(q, wrows, widx, *comp, sink, scale=D ** -0.5)
+    ref = sparse_attention_ref(q, wrows, widx, *comp, sink, scale=D ** -0.5)
+    torch.testing.assert_close(got, ref, rtol=2e-5, atol=2e-6)
+
+
+def test_a_token_with_no_valid_key_in_any_split_outputs_zero(split_keys, gen):
+    q, wrows, widx, crows, cidx, sink = random_case(2, 4, 16, 10, 10, 40, 40, gen)
+    widx[1], cidx[1] = -1, -1
+    got = sparse_attention(q, wrows, widx, crows, cidx, sink, scale=0.25)
+    assert bool((got[1] == 0).all())
+    torch.testing.assert_close(got, sparse_attention_ref(q, wrows, widx, crows, cidx, sink, scale=0.25),
+                               rtol=2e-5, atol=2e-6)
+
+
+def test_split_keys_in_bf16_stay_within_the_probability_rounding(split_keys, gen):
+    q, wrows, widx, crows, cidx, sink = random_case(2, 20, 32, 20, 40, 24, 50, gen, dtype=torch.bfloat16)
+    got = sparse_attention(q, wrows, widx, crows, cidx, sink, scale=32 ** -0.5)
+    ref = sparse_attention_ref(q, wrows, widx, crows, cidx, sink, scale=32 ** -0.5)
+    assert_within_bf16_probability_rounding(got, ref, torch.cat([wrows, crows]))
