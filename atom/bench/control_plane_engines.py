@@ -1,8 +1,11 @@
 """The two KV-cache managers a control-plane trace is replayed on: atom's and vLLM's.
 
 :class:`AtomReplay` drives :class:`atom.kv.block_manager.BlockManager` as atom's scheduler does
-(``admit`` / ``grow`` before the step, ``after_step`` after it, ``take_updates`` once a step,
-``ship_tables`` for a new request), on V4-Flash geometry with an arena sized to hold every request.
+(``should_wait_for_prefix`` then ``admit``, ``grow`` before the step, ``after_step`` after it,
+``take_updates`` once a step, ``ship_tables`` for a new request), on V4-Flash geometry with an arena
+sized to hold every request. Like the scheduler, it keeps a request waiting while a running request
+computes the next block of its prompt (it then hits that block a step later instead of computing
+it again).
 
 :class:`VllmReplay` drives vLLM's ``KVCacheManager`` as vLLM's scheduler does
 (``get_computed_blocks`` + ``allocate_slots`` at admission, ``allocate_slots`` per step, the block
@@ -55,8 +58,10 @@ class AtomReplay:
         for s in self.seqs:
             s.hashes_upto(len(s) // b)
 
-    def admit(self, i: int, max_new: int) -> tuple[int, int]:
+    def admit(self, i: int, max_new: int) -> tuple[int, int] | None:
         s = self.seqs[i]
+        if self.bm.should_wait_for_prefix(s):
+            return None
         n = self.bm.admit(s, max_new)
         assert n > 0, "the arena was sized to hold every request"
         self.bm.ship_tables(s.seq_id)
@@ -64,6 +69,8 @@ class AtomReplay:
 
     def grow(self, i: int, max_new: int, prefill: bool) -> int:
         s = self.seqs[i]
+        if s.seq_id not in self.bm.holdings:
+            return 0  # its admission is deferred
         n = min(max_new, s.num_prompt_tokens - s.num_computed_tokens) if prefill else 1
         if n > 0:
             self.bm.grow(s, n)

@@ -92,8 +92,9 @@ class ReplayEngine(Protocol):
     """One KV-cache manager driven by a trace. Each call does what an engine's scheduler and its
     post-step bookkeeping do for one request; ``tokens`` are those the request actually ran."""
 
-    def admit(self, i: int, max_new: int) -> tuple[int, int]:
-        """Prefix match + first step of up to ``max_new`` tokens: (hit tokens, tokens run)."""
+    def admit(self, i: int, max_new: int) -> tuple[int, int] | None:
+        """Prefix match + first step of up to ``max_new`` tokens: (hit tokens, tokens run), or None
+        when the engine keeps the request waiting this step (changing nothing it holds)."""
         ...
 
     def grow(self, i: int, max_new: int, prefill: bool) -> int:
@@ -132,9 +133,13 @@ def _kind(op: str, tokens: int, chunk: int) -> str | None:
 def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK) -> RunRecord:
     """Run ``steps`` on ``engine``: per step, first every request's allocation (admit / grow), then
     after the (absent) forward pass every request's post-step work, then ``end_step``, then the
-    frees. An operation's time is its allocation plus its post-step work."""
+    frees. An operation's time is its allocation plus its post-step work. An admission the engine
+    defers (it waits for a prefix another request is computing) is retried in the next step, before
+    that step's own admissions; its attempts count in the step's time only."""
     clock, rec = time.process_time_ns, RunRecord()  # CPU time: other processes do not inflate it
-    for ops in steps:
+    deferred: list[Op] = []
+    for trace_ops in steps:
+        ops, deferred = _with_deferred(trace_ops, deferred), []
         step_ns = 0
         ran: list[tuple[str, int, int, int]] = []  # (kind, request, tokens, ns so far)
         for op, i, n in ops:
@@ -142,7 +147,12 @@ def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK) -> R
                 continue
             t0 = clock()
             if op == "admit":
-                hit, tokens = engine.admit(i, n)
+                got = engine.admit(i, n)
+                if got is None:
+                    step_ns += clock() - t0
+                    deferred.append((op, i, n))
+                    continue
+                hit, tokens = got
                 rec.hit_tokens += hit
             else:
                 tokens = engine.grow(i, n, op == "chunk")
@@ -170,4 +180,14 @@ def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK) -> R
                 step_ns += dt
                 rec.ops.setdefault("free", []).append(dt / 1e3)
         rec.steps.append(step_ns / 1e3)
+    if deferred:
+        raise RuntimeError(f"admissions still deferred when the trace ended: {deferred}")
     return rec
+
+
+def _with_deferred(ops: list[Op], deferred: list[Op]) -> list[Op]:
+    """``ops`` with the deferred admissions placed before its first admission or free."""
+    if not deferred:
+        return ops
+    at = next((k for k, (op, _, _) in enumerate(ops) if op in ("admit", "free")), len(ops))
+    return ops[:at] + deferred + ops[at:]

@@ -19,12 +19,12 @@ def test_a_trace_decodes_first_then_continues_prefill_then_admits_within_the_chu
     assert len(steps) == 5
 
 
-def test_atom_replays_a_shared_prefix_trace_hitting_the_prefix_published_in_an_earlier_step():
+def test_atom_replays_a_shared_prefix_trace_waiting_a_step_for_the_prefix_being_computed():
     steps = build_steps(TOY, decode_steps=2, chunk=400)
     rec = replay(AtomReplay(TOY, 128, 2), steps)
-    # request 1 is admitted in the step that computes request 0's prefix: it misses;
-    # request 2 arrives a step later and hits the two full shared blocks (256 tokens)
-    assert rec.hit_tokens == 256
+    # requests 1 and 2 arrive while request 0 computes the shared prefix: each waits for it to be
+    # published and hits its two full blocks (256 tokens) instead of computing them again
+    assert rec.hit_tokens == 512
     assert len(rec.ops["admit"]) == 3 and len(rec.ops["free"]) == 3 and len(rec.ops["decode"]) == 6
     assert len(rec.steps) == 5 and all(t > 0 for t in rec.steps)
 
@@ -32,6 +32,41 @@ def test_atom_replays_a_shared_prefix_trace_hitting_the_prefix_published_in_an_e
 def test_without_a_peer_the_comparison_summarises_atom_alone():
     atom, vllm = compare(TOY, 128, 2, reps=2, peer=False)
     assert vllm is None
-    assert atom["hits"] == (0.0, 0.0)  # all three are admitted in the step that computes the prefix
+    assert atom["hits"] == (512.0, 0.0)  # requests 1 and 2 wait a step for request 0's prefix
     assert set(atom) == {"admit", "decode", "free", "step", "hits"}
     assert all(not math.isnan(mid) and mid > 0 for key, (mid, _) in atom.items() if key != "hits")
+
+
+class _Deferring:
+    """A stand-in engine that keeps request 1 waiting once, to check the replay's retry."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.waited = False
+
+    def admit(self, i, max_new):
+        self.calls.append(("admit", i))
+        if i == 1 and not self.waited:
+            self.waited = True
+            return None
+        return 0, max_new
+
+    def grow(self, i, max_new, prefill):
+        self.calls.append(("grow", i))
+        return max_new
+
+    def after(self, i, tokens):
+        pass
+
+    def end_step(self):
+        self.calls.append(("end", -1))
+
+    def free(self, i):
+        self.calls.append(("free", i))
+
+
+def test_a_deferred_admission_is_retried_first_in_the_next_step():
+    engine = _Deferring()
+    replay(engine, [[("admit", 0, 4), ("admit", 1, 4)], [("chunk", 0, 4), ("admit", 2, 4)]])
+    assert engine.calls == [("admit", 0), ("admit", 1), ("end", -1),
+                            ("grow", 0), ("admit", 1), ("admit", 2), ("end", -1)]
