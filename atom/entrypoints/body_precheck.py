@@ -9,6 +9,10 @@ separate process, and only the verdict comes back. A body it refuses is never de
 process; a body it accepts is decoded again there (it passed every limit, so what that costs is the
 cost of work the server takes on anyway).
 
+The helpers run at a lower CPU priority (``HELPER_NICENESS`` above the server's), so on a machine with
+few cores the engine's steps keep their share while a hostile body is decoded: the request that
+brought the large body waits, not the others.
+
 If a helper process dies (or cannot start: ``spawn`` re-imports the main module, which a program
 read from stdin does not have), that request is checked in-process only (``parse_body`` still applies
 every limit) and the helpers are not tried again: one warning, then the server parses every body
@@ -20,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import multiprocessing
+import os
 import threading
 from concurrent.futures.process import BrokenProcessPool
 
@@ -36,7 +41,15 @@ log = logging.getLogger("atom.server")
 #: Bodies from this size on are checked in the helper process (smaller ones decode in well under 1 ms).
 PRECHECK_BYTES = 256 * 1024
 
+#: How much lower (``os.nice`` increment) the helpers' CPU priority is than the server's.
+HELPER_NICENESS = 10
+
 _Verdict = tuple[int, str, str, "str | None", "str | None"]  # ApiError's status, message, type, param, code
+
+
+def _lower_priority() -> None:
+    """Helper start-up: yield the CPU to the server's threads when both want it."""
+    os.nice(HELPER_NICENESS)
 
 
 def _verdict(raw: bytes, chat: bool, limits: ServerLimits, max_model_len: int) -> _Verdict | None:
@@ -102,7 +115,8 @@ class BodyPrecheck:
         with self._lock:
             if self._pool is None and not self._closed:
                 self._pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=self.limits.parse_threads, mp_context=multiprocessing.get_context("spawn"))
+                    max_workers=self.limits.parse_threads, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_lower_priority)
             return self._pool
 
     def _disable(self, pool: concurrent.futures.ProcessPoolExecutor) -> bool:

@@ -41,7 +41,7 @@ def test_a_large_body_that_passes_every_limit_passes_and_a_small_one_is_not_sent
 
 
 def test_other_threads_keep_the_interpreter_while_a_large_body_is_checked(precheck):
-    body = json.dumps({"model": MODEL, "prompt": "s", "stop": [f"s{i}" for i in range(300_000)]}).encode()
+    body = json.dumps({"model": MODEL, "prompt": [65] * 1_000_000}).encode()
     with pytest.raises(ApiError):
         precheck.check(body, CompletionRequest)  # the helper is warm from here on
     ticks, stop = [0], threading.Event()
@@ -50,21 +50,28 @@ def test_other_threads_keep_the_interpreter_while_a_large_body_is_checked(preche
         while not stop.is_set():
             ticks[0] += 1
 
+    def share_while_checked() -> float:
+        """The spinner's progress while the body is checked, over its progress alone for as long."""
+        start, before = time.perf_counter(), ticks[0]
+        with pytest.raises(ApiError) as info:
+            precheck.check(body, CompletionRequest)
+        busy, during = time.perf_counter() - start, ticks[0] - before
+        assert info.value.param == "prompt"
+        mark = ticks[0]
+        time.sleep(busy)
+        return during / max(1, ticks[0] - mark)
+
     spinner = threading.Thread(target=spin)
     spinner.start()
     try:
-        start = time.perf_counter()
-        with pytest.raises(ApiError) as info:
-            precheck.check(body, CompletionRequest)
-        busy, during = time.perf_counter() - start, ticks[0]
-        time.sleep(busy)
-        alone = ticks[0] - during
+        time.sleep(0.05)
+        best = max(share_while_checked() for _ in range(3))
     finally:
         stop.set()
         spinner.join()
-    assert info.value.param == "stop"
-    # decoding in this process would hold the lock: the spinner would get almost nothing done
-    assert during > 0.5 * alone, (during, alone)
+    # decoding this body in this process holds the lock: the spinner then keeps about 20 % of its rate
+    # (measured: 0.16-0.22); checked in the helper it keeps most of it (best of three, for a busy machine)
+    assert best > 0.5, best
 
 
 def test_when_a_helper_dies_the_body_is_left_to_the_in_process_parse_and_helpers_are_not_restarted():
@@ -82,3 +89,11 @@ def test_when_a_helper_dies_the_body_is_left_to_the_in_process_parse_and_helpers
         assert checker.check(body, CompletionRequest) is None
     finally:
         checker.close()
+
+
+def test_the_helpers_run_at_a_lower_cpu_priority_than_the_server(precheck):
+    from atom.entrypoints.body_precheck import HELPER_NICENESS
+
+    pool = precheck._get_pool()
+    assert pool.submit(len, b"warm").result(timeout=60) == 4
+    assert all(os.getpriority(os.PRIO_PROCESS, pid) == os.nice(0) + HELPER_NICENESS for pid in pool._processes)
