@@ -25,6 +25,7 @@ from .quant_formats import check_fp8_weight, check_gemm_operands, dequantize_fp8
     launch_weight_gemm
 
 if HAS_TRITON:
+    from ._common import mma
     from .quant_formats import e8m0_decode
 
 __all__ = ["fp8_block_gemm", "fp8_block_gemm_ref"]
@@ -44,7 +45,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _fp8_block_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-                               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr):
+                               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr,
+                               NATIVE: tl.constexpr):
         pid_m, pid_n = tl.program_id(0), tl.program_id(1)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
@@ -59,9 +61,9 @@ if HAS_TRITON:
                         other=0.0)
             s = e8m0_decode(tl.load(s_row + k0 // 128))
             if FP32:
-                part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+                part = mma(x.to(tl.float32), tl.trans(w.to(tl.float32)), False, NATIVE)
             else:
-                part = tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+                part = mma(x, tl.trans(w), True, NATIVE)
             acc += part * s
         tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=(rm[:, None] < M) & (rn[None, :] < N))

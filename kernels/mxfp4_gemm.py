@@ -24,6 +24,7 @@ from .quant_formats import check_gemm_operands, check_mxfp4_weight, dequantize_m
     launch_weight_gemm
 
 if HAS_TRITON:
+    from ._common import mma
     from .quant_formats import e2m1_decode, e8m0_decode
 
 __all__ = ["mxfp4_gemm", "mxfp4_gemm_ref"]
@@ -43,7 +44,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _mxfp4_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr):
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP32: tl.constexpr,
+                           NATIVE: tl.constexpr):
         pid_m, pid_n = tl.program_id(0), tl.program_id(1)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
@@ -61,11 +63,11 @@ if HAS_TRITON:
             x_even = tl.load(x_ptr + rm[:, None] * stride_xm + 2 * j[None, :], mask=m_ok & j_ok, other=0.0)
             x_odd = tl.load(x_ptr + rm[:, None] * stride_xm + 2 * j[None, :] + 1, mask=m_ok & j_ok, other=0.0)
             if FP32:
-                acc += tl.dot(x_even.to(tl.float32), tl.trans(w_lo), input_precision="ieee")
-                acc += tl.dot(x_odd.to(tl.float32), tl.trans(w_hi), input_precision="ieee")
-            else:
-                acc += tl.dot(x_even.to(tl.bfloat16), tl.trans(w_lo.to(tl.bfloat16)))
-                acc += tl.dot(x_odd.to(tl.bfloat16), tl.trans(w_hi.to(tl.bfloat16)))
+                acc += mma(x_even.to(tl.float32), tl.trans(w_lo), False, NATIVE)
+                acc += mma(x_odd.to(tl.float32), tl.trans(w_hi), False, NATIVE)
+            else:  # e2m1 codes times a power of two are exact in bf16
+                acc += mma(x_even, tl.trans(w_lo), True, NATIVE)
+                acc += mma(x_odd, tl.trans(w_hi), True, NATIVE)
         tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=(rm[:, None] < M) & (rn[None, :] < N))
 

@@ -138,7 +138,7 @@ def check_gemm_operands(name: str, x: torch.Tensor, weight: torch.Tensor, scale:
 
 def launch_weight_gemm(kernel, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``[M, N]`` in ``x.dtype`` from a weight-only GEMM kernel (checked operands) of the shared
-    signature ``(x, w, s, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, BM, BN, BK, FP32)``,
+    signature ``(x, w, s, y, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym, BM, BN, BK, FP32, NATIVE)``,
     on the :func:`gemm_tiles` grid; scales are passed as their ``uint8`` bits."""
     m, k = x.shape
     n = weight.shape[0]
@@ -151,7 +151,7 @@ def launch_weight_gemm(kernel, x: torch.Tensor, weight: torch.Tensor, scale: tor
     s = scale.contiguous().view(torch.uint8)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     kernel[grid](x, w, s, y, m, n, k, x.stride(0), w.stride(0), s.stride(0), y.stride(0),
-                 BM=bm, BN=bn, BK=bk, FP32=x.dtype == torch.float32)
+                 BM=bm, BN=bn, BK=bk, FP32=x.dtype == torch.float32, NATIVE=tiles_for(x.device).native_bf16_dot)
     return y
 
 

@@ -43,6 +43,20 @@ def test_triton_matches_the_reference_and_whole_weight_dequantization(gen, fmt, 
     torch.testing.assert_close(kernel(x, w, s), ref, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m,n,k", [(1, 64, 128), (33, 130, 256)], ids=["one-row", "ragged-tiles"])
+def test_triton_with_bf16_inputs_multiplies_on_bf16_dots_to_within_one_bf16_ulp(gen, fmt, m, n, k):
+    """bf16 x and the decoded weights (e4m3 / e2m1 times a power of two) are exact in bf16 and their
+    products exact in fp32, so only the fp32 summation order differs from the reference before the
+    bf16 rounding of the output: one bf16 ulp (the interpreter truncates, 2^-7 relative)."""
+    quantize, _, kernel, reference = FORMATS[fmt]
+    w, s = quantize(torch.randn(n, k, generator=gen) * 0.05)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    got, want = kernel(x, w, s), reference(x, w, s)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+
+
 def test_both_gemms_return_the_input_dtype_and_accept_uint8_scales(gen):
     q, s = quantize_fp8_weight(torch.randn(16, 128, generator=gen))
     x = torch.randn(3, 128, generator=gen, dtype=torch.bfloat16)
