@@ -212,7 +212,11 @@ def _captured_launches() -> Iterator[list]:
 
 
 def _compile(kernel, args: tuple, kwargs: dict, hw: HwTarget):
-    """Specialise one captured launch as Triton's launcher does, and compile it for ``hw``."""
+    """Specialise one captured launch as Triton's launcher does, and compile it for ``hw``.
+
+    Uses the launcher's own binder (``create_function_from_signature``, ``JITFunction._pack_args``) so the
+    argument specialisation (alignment, ``== 1``) is the one a real launch gets; these are Triton 3.7.1
+    internals (the version pyproject pins for the kernels)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend

@@ -43,6 +43,9 @@ class HwTarget:
     max_blocks: int  # resident blocks per SM / CU
 
 
+# Limits: H100 / H200 (sm90) 227 KiB of shared memory per block, 228 KiB and 64K registers per SM;
+# MI300X (gfx942) 64 KiB of LDS per CU, MI355X (gfx950) 160 KiB; CDNA3 / CDNA4 SIMDs hold 512 VGPRs
+# (arch + AGPR) per lane and up to 8 waves.
 HW_TARGETS: dict[str, HwTarget] = {
     "sm90": HwTarget("sm90", "cuda", 90, 32, smem_limit=232448, smem_per_sm=233472, regs_per_sm=65536,
                      max_warps=64, max_blocks=32),
