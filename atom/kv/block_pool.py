@@ -27,7 +27,7 @@ compares them with a recount.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from itertools import groupby
+from itertools import groupby, repeat
 from typing import Callable, Collection
 
 from atom.kv.page_map import LogicalPageMap, Owner
@@ -122,10 +122,13 @@ class BlockPool:
 
     def release_many(self, block_ids: list[int], keep: bool = True) -> None:
         """:meth:`release` of each id, in order (the earlier ones become the older cache entries)."""
-        ref = self.ref
-        for bid in block_ids:
-            ref[bid] -= 1
-        gone = [bid for bid in block_ids if not ref[bid]]  # (a ref below 0 fails check_integrity)
+        ref, gone = self.ref, []
+        add = gone.append
+        for bid in block_ids:  # one pass: drop the reference, collect the ids it was the last of
+            r = ref[bid] - 1
+            ref[bid] = r
+            if not r:
+                add(bid)  # (a ref below 0 fails check_integrity)
         if not gone:
             return
         nodes = self.node
@@ -133,7 +136,7 @@ class BlockPool:
             kept = [bid for bid in gone if nodes[bid] is not None]
             if len(kept) < len(gone):
                 self._free_many([bid for bid in gone if nodes[bid] is None])
-            self._cached.update(dict.fromkeys(kept))
+            self._cached.update(zip(kept, repeat(None)))
             counts = self._cached_in_chunk  # a request's pages come in runs of one chunk: one update a run
             for chunk, run in groupby(map(self._chunk.__getitem__, kept)):
                 counts[chunk] += len(list(run))
