@@ -139,21 +139,26 @@ class ChunkBackedFreeList:
         checked they fit (:class:`ArenaEmpty` part-way otherwise)."""
         out: list[int] = []
         ppc, by_used, free_local_of = self.pages_per_chunk, self._by_used, self._free_local
-        while len(out) < n:
-            chunk = self._fullest_partial_chunk()
-            if chunk is None:
+        rest = n
+        for used in range(ppc - 1, 0, -1):  # partial chunks, fullest first (latest first in a bucket)
+            bucket = by_used[used]
+            while bucket and rest:
+                chunk = next(reversed(bucket))
+                del bucket[chunk]
+                free_local = free_local_of[chunk]
+                k = min(rest, ppc - used)
+                base = chunk * ppc
+                if k == 1:
+                    out.append(base + free_local.pop())
+                else:
+                    out += [base + local for local in reversed(free_local[-k:])]
+                    del free_local[-k:]
+                if used + k < ppc:
+                    by_used[used + k][chunk] = None  # (only for the last chunk taken: rest is 0 now)
+                rest -= k
+            if not rest:
                 break
-            used = ppc - len(free_local_of[chunk])
-            del by_used[used][chunk]
-            free_local = free_local_of[chunk]
-            k = min(n - len(out), len(free_local))
-            base = chunk * ppc
-            out += [base + local for local in reversed(free_local[-k:])]
-            del free_local[-k:]
-            if used + k < ppc:
-                by_used[used + k][chunk] = None
-            self._num_used += k
-        rest = n - len(out)
+        self._num_used += n - rest
         while rest > 0:
             chunk = self.arena.acquire()
             base, k = chunk * ppc, min(rest, ppc)
