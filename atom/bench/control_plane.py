@@ -1,11 +1,14 @@
 """Control-plane speed: cost per operation, and scheduler + block-manager time per decode step.
 
     python -m atom.bench.control_plane [--seqs 1 64 256] [--contexts 4096 32768 131072] [--steps 64]
-                                       [--block-sizes 128 256] [--decode-steps 32]
+                                       [--block-sizes 128 256] [--decode-steps 32] [--reps 3]
+                                       [--peer vllm]
 
 First a per-operation table (admit, 8K prefill chunk, decode, free, and with the whole arena cached
 the eviction room check and a chunk reclaim; median microseconds per call)
 for the workloads of :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
+Every configuration runs ``--reps`` times with garbage collected before each run; a table figure is
+the median over the runs and each row's ``spread`` is the largest (max - min) / median of its figures.
 
 Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
 allocates no tensors), a fake runner, all driven by :class:`LLMEngine`. Each configuration first
@@ -30,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
+import statistics
 import time
-from typing import Sequence as Seq
+from typing import Callable, Sequence as Seq, TypeVar
 
 from atom.bench.control_plane_ops import WORKLOADS, measure_ops
 from atom.config import CacheConfig, SchedulerConfig
@@ -43,6 +48,8 @@ from atom.step_contract import RunnerOutput, ScheduledBatch
 from atom.model_engine.scheduler import Scheduler
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams
+
+T = TypeVar("T")
 
 
 class TimedRunner(FakeRunner):
@@ -82,7 +89,7 @@ def time_decode(num_seqs: int, context: int, steps: int) -> float:
     sched = engine.scheduler
     while any(s.in_prefill for s in sched.running) or sched.waiting:
         engine.step()
-    gc.collect()  # the earlier configurations' garbage is not this one's cost
+    gc.collect()  # the prefill's garbage is not the decode steps' cost
     total = 0.0
     for _ in range(steps):
         runner.seconds = 0.0
@@ -93,18 +100,38 @@ def time_decode(num_seqs: int, context: int, steps: int) -> float:
     return total / steps * 1e6
 
 
-def ops_table(block_sizes: Seq[int], decode_steps: int) -> str:
-    """Print the per-operation table; return the ``ops_b128 ...`` line (printed later, second to last)."""
-    print("| workload | block | admit us | 8K prefill chunk us | decode us | free us | room check us | reclaim us |")
-    print("|---|---|---|---|---|---|---|---|")
+def _repeated(run: Callable[[], T], reps: int) -> list[T]:
+    """``reps`` results of ``run``, with garbage collected before each (an earlier run's garbage is not
+    this one's cost)."""
+    out = []
+    for _ in range(reps):
+        gc.collect()
+        out.append(run())
+    return out
+
+
+def _median_spread(values: list[float]) -> tuple[float, float]:
+    """The median of ``values`` and their spread, (max - min) / median (0 for a single value)."""
+    mid = statistics.median(values)
+    return mid, (max(values) - min(values)) / mid if mid else 0.0
+
+
+def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
+    """Print the per-operation table (each figure the median over ``reps`` runs; the last column the
+    largest spread of the row's figures over those runs); return the ``ops_b128 ...`` line (printed
+    later, second to last)."""
+    print("| workload | block | admit us | 8K prefill chunk us | decode us | free us | room check us | reclaim us | spread |")
+    print("|---|---|---|---|---|---|---|---|---|")
     ops = {}
     for block in block_sizes:
         for w in WORKLOADS:
-            us = measure_ops(w, block, decode_steps)
-            ops[(w.name, block)] = us
+            runs = _repeated(lambda: measure_ops(w, block, decode_steps), reps)
+            figs = {k: _median_spread([r[k] for r in runs]) for k in runs[0]}
+            us = ops[(w.name, block)] = {k: mid for k, (mid, _) in figs.items()}
+            spread = max((sp for mid, sp in figs.values() if not math.isnan(mid)), default=0.0)
             print(f"| {w.name} ({w.num_seqs} x {w.context / 1024:g}K) | {block} | {us['admit']:.1f} | "
                   f"{us['prefill']:.1f} | {us['decode']:.2f} | {us['free']:.1f} | {us['room']:.1f} | "
-                  f"{us['reclaim']:.1f} |", flush=True)
+                  f"{us['reclaim']:.1f} | {spread:.0%} |", flush=True)
     heavy, long = ops[("decode-heavy", 128)], ops[("long-context", 128)]
     return (f"ops_b128 decode_us={heavy['decode']:.2f} admit_us={long['admit']:.1f} "
             f"prefill_8k_us={long['prefill']:.1f} free_128k_us={long['free']:.1f}")
@@ -118,7 +145,8 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--block-sizes", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--decode-steps", type=int, default=32, help="decode steps per request in the ops table")
     ap.add_argument("--peer", choices=["vllm"], help="replay the same traces on vLLM's KVCacheManager too")
-    ap.add_argument("--reps", type=int, default=5, help="runs of each manager per trace with --peer")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="runs of each configuration (with --peer: of each manager per trace); medians are printed")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be positive")
@@ -131,15 +159,15 @@ def main(argv: Seq[str] | None = None) -> int:
         op, step, hits = side_by_side(args.block_sizes, args.decode_steps, args.reps)
         print(f"peer_ratio_max_op={op:.3f} peer_ratio_step_max={step:.3f} hits_vs_peer_min={hits:.3f}")
         return 0
-    ops_line = ops_table(args.block_sizes, args.decode_steps)
-    print("| running seqs | context | us per step | us per step per seq |")
-    print("|---|---|---|---|")
+    ops_line = ops_table(args.block_sizes, args.decode_steps, args.reps)
+    print("| running seqs | context | us per step | us per step per seq | spread |")
+    print("|---|---|---|---|---|")
     results = {}
     for n in args.seqs:
         for ctx in args.contexts:
-            us = time_decode(n, ctx, args.steps)
+            us, spread = _median_spread(_repeated(lambda: time_decode(n, ctx, args.steps), args.reps))
             results[(n, ctx)] = us
-            print(f"| {n} | {ctx} | {us:.1f} | {us / n:.2f} |", flush=True)
+            print(f"| {n} | {ctx} | {us:.1f} | {us / n:.2f} | {spread:.0%} |", flush=True)
     n = max(args.seqs)
     lo, hi = min(args.contexts), max(args.contexts)
     print(ops_line)
