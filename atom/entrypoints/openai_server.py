@@ -15,8 +15,10 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/mo
 405    wrong method on a known route
 408    the body did not arrive within ``body_timeout``
 413    request body over ``max_body_bytes``
-500    an unexpected failure while serving that one request (the server keeps running)
-503    the engine thread failed (``/health`` also answers 503); over ``max_connections``
+500    an unexpected failure while serving that one request (the server keeps running, the
+       connection stays open; input nested too deeply for some step is a 400 instead)
+503    the engine thread failed (``/health`` also answers 503); over ``max_connections`` (except
+       ``GET /health``, see ``connections.py``); ``shutdown_timeout`` ran out during shutdown
 =====  =====================================================================================
 
 Every error response is counted in ``atom_request_errors_total{status}``.
