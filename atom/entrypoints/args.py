@@ -157,6 +157,7 @@ _LIMIT_FLAGS = (
     ("--max-stop-strings", "max_stop_strings", _positive_int, "stop strings per request"),
     ("--max-stop-chars", "max_stop_chars", _positive_int, "characters of one stop string"),
     ("--max-logit-bias", "max_logit_bias", _positive_int, "entries of logit_bias"),
+    ("--max-stop-token-ids", "max_stop_token_ids", _positive_int, "entries of stop_token_ids"),
     ("--max-n", "max_n", _positive_int, "n and best_of"),
     ("--max-choices", "max_choices", _positive_int, "sequences one request may start (prompts x n)"),
     ("--max-connections", "max_connections", _positive_int, "open connections; one beyond gets 503 and is closed"),

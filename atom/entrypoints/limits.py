@@ -3,11 +3,12 @@
 Every limit is an ``atom serve`` flag (``args.py``) with the default here, and is checked as early as
 it can be: the body size while reading it, then on the raw parsed JSON before validation, templating
 or tokenization (``request_parse.py``): counts (prompts, messages, stop strings, ``logit_bias``
-entries) before any per-entry work, and the characters of every string that reaches the prompt
-(text prompts; every string of ``messages`` and ``tools``, keys included); ``n`` / ``best_of``
-before building anything. So a request that is too big costs about as much as reading it, and parsing,
-validation, chat templating and tokenization run in a small thread pool, never on the event loop
-(``request_parse.py``), so nothing one client sends can stall the others' streams or ``/health``.
+entries, ``stop_token_ids``) before any per-entry work, and the characters of everything that can
+reach the prompt (text prompts; every value of a chat's messages, tools and the other fields the chat
+format writes, keys included); ``n`` / ``best_of`` before building anything. So a request that is
+too big costs about as much as reading it, and parsing, validation, chat templating and tokenization
+run in a small thread pool, never on the event loop (``request_parse.py``); a large body is decoded
+in a helper process first (``body_precheck.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ServerLimits:
     max_stop_strings: int = 16  #: stop strings per request
     max_stop_chars: int = 256  #: characters of one stop string
     max_logit_bias: int = 1024  #: entries of ``logit_bias``
+    max_stop_token_ids: int = 1024  #: entries of ``stop_token_ids``
     max_n: int = 64  #: choices per prompt (``n``, ``best_of``)
     max_choices: int = 256  #: engine sequences one request may start (prompts x n)
     max_connections: int = 1024  #: open connections; a request beyond them gets 503

@@ -3,12 +3,15 @@
 Runs in the server's parse thread pool (never on the event loop). The order is cheapest-first so a
 hostile body costs little: JSON decoding (bounded by ``max_body_bytes``); on the raw JSON, every
 count limit before any per-entry work (prompts, messages, stop strings, ``logit_bias`` entries,
-``n``, ``best_of``), then the per-entry checks those counts bound (stop string lengths, ``logit_bias``
-keys), then the characters of everything that reaches the prompt (:func:`prompt_chars_raw`: text
-prompts, and every string of ``messages`` and ``tools``, keys included -- so no field can smuggle
-megabytes into templating or tokenization, however the chat format maps it); a scan for lone
-surrogates (text that is not Unicode and could not even be echoed in an error message); then strict
-validation. All of it is linear in the body's size.
+``stop_token_ids``, ``n``, ``best_of``), then the per-entry checks those counts bound (stop string
+lengths, ``logit_bias`` keys), token-id prompts against ``max_model_len``, then the characters of
+everything that can reach the prompt (:func:`prompt_chars_raw`: text prompts; every value of a
+chat's ``messages``, ``tools``, ``response_format``, ``tool_choice`` and ``chat_template_kwargs``,
+keys included -- so no field can smuggle megabytes into templating or tokenization, however the
+chat format maps it); a scan for lone surrogates (text that is not Unicode and could not even be
+echoed in an error message), when the raw body can hold one; then strict validation. All of it is
+linear in the body's size. A large body has been through the same checks in a helper process
+before (``body_precheck.py``).
 Every failure of the JSON layer is a 400 ``invalid_json``: malformed syntax, a body that is not
 UTF-8/16/32, an integer over Python's digit limit, nesting too deep.
 """
@@ -71,6 +74,7 @@ def _check_sizes(data: dict[str, Any], lim: ServerLimits) -> None:
     _at_most(data.get("messages"), lim.max_messages, "messages", "messages")
     stop = data.get("stop")
     _at_most(stop, lim.max_stop_strings, "stop", "stop strings")
+    _at_most(data.get("stop_token_ids"), lim.max_stop_token_ids, "stop_token_ids", "stop_token_ids entries")
     bias = data.get("logit_bias")
     if isinstance(bias, dict) and len(bias) > lim.max_logit_bias:
         raise ApiError(400, f"logit_bias has {len(bias)} entries, over the limit of {lim.max_logit_bias} per request",

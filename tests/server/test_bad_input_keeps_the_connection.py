@@ -23,7 +23,7 @@ THIS_ROUND = ["any/logit_bias_key_superscript_three.json", "any/logit_bias_key_s
               "any/model_name_100k.json", "chat/tools_schema_over_char_limit.json",
               "chat/tool_call_id_over_char_limit.json", "chat/function_name_over_char_limit.json",
               "chat/message_name_over_char_limit.json", "chat/tool_call_arguments_nested_1500.json",
-              "chat/top_logprobs_1000.json"]
+              "chat/top_logprobs_1000.json", "any/stop_token_ids_too_many.json"]
 
 
 @pytest.fixture(scope="module")

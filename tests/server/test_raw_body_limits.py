@@ -134,3 +134,10 @@ def test_a_logit_bias_at_the_entry_limit_with_digit_keys_is_accepted():
     req = parse_body(json.dumps(_chat(logit_bias={str(i): 1.0 for i in range(1024)})).encode(),
                      ChatCompletionRequest, LIMITS)
     assert len(req.logit_bias) == 1024
+
+
+def test_stop_token_ids_over_their_count_limit_are_refused_before_validation():
+    err = _refusal(_chat(stop_token_ids=list(range(1025))))
+    assert err.param == "stop_token_ids" and "1025" in err.message and "1024" in err.message
+    req = parse_body(json.dumps(_chat(stop_token_ids=list(range(1024)))).encode(), ChatCompletionRequest, LIMITS)
+    assert len(req.stop_token_ids) == 1024
