@@ -37,7 +37,6 @@ def long_server(model_dir):
     server = Server(build_app(engine, limits=limits, metrics=metrics),
                     ServerArgs(port=0, log_level="warning", limits=limits), announce=False, metrics=metrics)
     srv = RunningServer(server.url, engine, server, server.run_in_thread())
-    srv.url = server.url
     yield srv
     srv.stop()
 
