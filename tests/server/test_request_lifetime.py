@@ -36,7 +36,8 @@ def long_server(model_dir):
     metrics = ServerMetrics()
     server = Server(build_app(engine, limits=limits, metrics=metrics),
                     ServerArgs(port=0, log_level="warning", limits=limits), announce=False, metrics=metrics)
-    srv = RunningServer(server.url, engine, server, server.run_in_thread())
+    thread = server.run_in_thread()  # sets server.url
+    srv = RunningServer(server.url, engine, server, thread)
     yield srv
     srv.stop()
 
