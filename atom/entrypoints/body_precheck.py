@@ -26,6 +26,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures.process import BrokenProcessPool
 
 from pydantic import BaseModel
@@ -47,9 +48,24 @@ HELPER_NICENESS = 10
 _Verdict = tuple[int, str, str, "str | None", "str | None"]  # ApiError's status, message, type, param, code
 
 
-def _lower_priority() -> None:
-    """Helper start-up: yield the CPU to the server's threads when both want it."""
+#: How often (seconds) a helper checks that the server that started it is still alive.
+PARENT_POLL_S = 0.5
+
+
+def _start_helper(server_pid: int) -> None:
+    """Helper start-up: yield the CPU to the server's threads when both want it, and end when the
+    server ends. A server that leaves by ``os._exit`` (a dead tensor-parallel rank takes it down that
+    way) never shuts its pool down, and a ``spawn`` helper holds both ends of its task queue, so it
+    would otherwise wait forever, keeping the server's stdout open."""
     os.nice(HELPER_NICENESS)
+    threading.Thread(target=_exit_with_server, args=(server_pid,), name="atom-precheck-watch",
+                     daemon=True).start()
+
+
+def _exit_with_server(server_pid: int) -> None:
+    while os.getppid() == server_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
 
 
 def _verdict(raw: bytes, chat: bool, limits: ServerLimits, max_model_len: int) -> _Verdict | None:
@@ -116,7 +132,7 @@ class BodyPrecheck:
             if self._pool is None and not self._closed:
                 self._pool = concurrent.futures.ProcessPoolExecutor(
                     max_workers=self.limits.parse_threads, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_lower_priority)
+                    initializer=_start_helper, initargs=(os.getpid(),))
             return self._pool
 
     def _disable(self, pool: concurrent.futures.ProcessPoolExecutor) -> bool:

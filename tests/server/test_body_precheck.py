@@ -97,3 +97,45 @@ def test_the_helpers_run_at_a_lower_cpu_priority_than_the_server(precheck):
     pool = precheck._get_pool()
     assert pool.submit(len, b"warm").result(timeout=60) == 4
     assert all(os.getpriority(os.PRIO_PROCESS, pid) == os.nice(0) + HELPER_NICENESS for pid in pool._processes)
+
+
+_SERVER_THAT_DIES = """
+import os, sys
+from atom.entrypoints.body_precheck import BodyPrecheck
+from atom.entrypoints.limits import ServerLimits
+if __name__ == "__main__":
+    checker = BodyPrecheck(ServerLimits().for_model(4096), 4096)
+    pool = checker._get_pool()
+    assert pool.submit(len, b"warm").result(timeout=60) == 4
+    print(" ".join(str(pid) for pid in pool._processes), flush=True)
+    os._exit(1)
+"""
+
+
+def test_the_helpers_end_when_the_server_leaves_by_os_exit(tmp_path):
+    import subprocess
+    import sys
+
+    from atom.entrypoints.body_precheck import PARENT_POLL_S
+
+    script = tmp_path / "server_that_dies.py"  # spawn re-imports the main module: it must be a file
+    script.write_text(_SERVER_THAT_DIES)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    pids = [int(p) for p in done.stdout.split()]
+    assert pids
+    deadline = time.monotonic() + 20 * PARENT_POLL_S
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(PARENT_POLL_S / 5)
+        alive = [pid for pid in alive if _running(pid)]
+    assert alive == []
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie waits for its reaper, it no longer runs
+        return stat.read().split(") ", 1)[1][0] != "Z"

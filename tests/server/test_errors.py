@@ -87,7 +87,7 @@ def test_a_prompt_longer_than_the_model_length_is_400_with_the_numbers(server):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("temperature", -0.5), ("temperature", 1000.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
+    ("temperature", -0.5), ("temperature", 1000.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
     ("max_tokens", 0), ("n", 0), ("n", 1000), ("seed", -1),
 ])
 def test_invalid_sampling_values_are_400_naming_the_parameter(server, field, value):
