@@ -49,24 +49,30 @@ class Tiles:
     gemm_bn: int  # fp8 / mxfp4 weight GEMMs: output columns per program (divides 128)
     gemm_bk: int  # ... inputs per K step (divides 128, a multiple of 32)
     sinkhorn_tokens: int  # hc_sinkhorn: tokens per program
+    moe_bm: int  # fused_moe: most (token, expert) pairs of one expert per program (16 up to this)
+    moe_bn: int  # ... output columns per program (divides 128)
+    moe_bk: int  # ... inputs per K step (divides 128, a multiple of 32 and of the FP8 activation block)
     native_bf16_dot: bool  # bf16 tl.dot on tensor cores (the interpreter's is wrong: it emulates it in fp32)
 
 
 TILES: dict[str, Tiles] = {
     "interpreter": Tiles(copy_rows=64, copy_width=4096, entry_pool_width=4096, codec_rows=64, index_tokens=64,
                          index_width=1024, attn_heads=64, attn_rows=64, attn_warps=4, attn_split_below=0,
-                         score_rows=64, gemm_bn=128, gemm_bk=128, sinkhorn_tokens=16, native_bf16_dot=False),
+                         score_rows=64, gemm_bn=128, gemm_bk=128, sinkhorn_tokens=16, moe_bm=64, moe_bn=128, moe_bk=128,
+                         native_bf16_dot=False),
     # sm90: 16 KV rows per step keep the fp8_ds_mla decode, the bf16 q and the [16, 512] fp32 accumulator
     # within 255 registers without spills at 2 blocks per SM (32 rows spill; see docs/kernels.md). Splits
     # of the key list until 264 programs: 2 blocks on each of an H100 / H200's 132 SMs.
     "cuda": Tiles(copy_rows=16, copy_width=512, entry_pool_width=64, codec_rows=16, index_tokens=16,
                   index_width=128, attn_heads=16, attn_rows=16, attn_warps=4, attn_split_below=264,
-                  score_rows=32, gemm_bn=64, gemm_bk=128, sinkhorn_tokens=16, native_bf16_dot=True),
+                  score_rows=32, gemm_bn=64, gemm_bk=128, sinkhorn_tokens=16, moe_bm=64, moe_bn=64, moe_bk=128,
+                  native_bf16_dot=True),
     # gfx942 / gfx950: 2 waves per attention block keep 2 blocks per CU on both (with 4 waves gfx950 needs
     # 256 VGPRs + AGPRs: 1 block per CU). 608 programs: 2 blocks on each of an MI300X's 304 CUs.
     "hip": Tiles(copy_rows=16, copy_width=512, entry_pool_width=64, codec_rows=16, index_tokens=16,
                  index_width=128, attn_heads=16, attn_rows=16, attn_warps=2, attn_split_below=608,
-                 score_rows=32, gemm_bn=64, gemm_bk=128, sinkhorn_tokens=16, native_bf16_dot=True),
+                 score_rows=32, gemm_bn=64, gemm_bk=128, sinkhorn_tokens=16, moe_bm=64, moe_bn=64, moe_bk=128,
+                 native_bf16_dot=True),
 }
 
 _override = threading.local()
