@@ -246,14 +246,19 @@ class SchedulerConfig:
     """Token-budget scheduling limits; the arena sizing reads ``max_num_seqs`` (one live
     compressor-state slot each) and ``max_model_len`` (one request of that length must fit).
     ``speculative_num_tokens``: drafts verified per decoding request and step (0 = off, at most
-    :data:`MAX_SPECULATIVE_TOKENS`)."""
+    :data:`MAX_SPECULATIVE_TOKENS`). ``overlap``: schedule the next step while the runner's step runs
+    (the engine applies the running step's tokens when they arrive; the outputs are those of the
+    sequential loop); steps with speculative decoding never overlap."""
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     max_model_len: int = 4096  # at least 2: one prompt token and one generated token
     speculative_num_tokens: int = 0
+    overlap: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"overlap={self.overlap!r}; accepted: True or False")
         require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         require_int("max_num_seqs", self.max_num_seqs, 1)
         require_int("max_model_len", self.max_model_len, 2)

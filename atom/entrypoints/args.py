@@ -109,6 +109,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-num-tokens", type=_spec_tokens, default=ds.speculative_num_tokens,
                         help=f"speculative decoding: drafts from the model's MTP layer verified per decoding request "
                              f"and step, 1..{MAX_SPECULATIVE_TOKENS}; 0 = off (default: %(default)s)")
+    parser.add_argument("--no-overlap", dest="overlap", action="store_false", default=ds.overlap,
+                        help="run schedule, forward and postprocess one after another; by default the next step "
+                             "is scheduled while the current one runs, with the same outputs (steps with "
+                             "speculative decoding never overlap; default: overlap on)")
     parser.add_argument("--kv-cache-memory", type=_size_arg, default=dc.kv_cache_bytes, metavar="SIZE",
                         help="bytes for the KV arena, e.g. 2GiB or 512MiB (default: 1GiB)")
     parser.add_argument("--block-size", type=_nonneg_int, default=dc.block_size,
@@ -192,7 +196,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                           enforce_eager=args.enforce_eager),
         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                                  speculative_num_tokens=args.speculative_num_tokens),
+                                  speculative_num_tokens=args.speculative_num_tokens, overlap=args.overlap),
         cache=CacheConfig.from_env(envs.load(), kv_cache_bytes=args.kv_cache_memory, block_size=args.block_size,
                                    enable_prefix_caching=args.enable_prefix_caching,
                                    kv_cache_dtype=args.kv_cache_dtype),

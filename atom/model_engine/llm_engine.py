@@ -9,6 +9,10 @@ runner: the torch :class:`atom.model_executor.model_runner.ModelRunner` in produ
 :func:`atom.engine_builder.build_engine` builds the real one (importing torch).
 
 :meth:`LLMEngine.step` is the one step loop (schedule -> execute -> postprocess) of the code base;
+with ``overlap`` (the default, ``SchedulerConfig.overlap``) it schedules the next step while the
+runner's step runs: a runner with ``launch(batch)`` returns a handle whose ``result()`` waits for the
+step's sampled tokens (on a GPU an event after a non-blocking copy); a runner without it is wrapped
+(``execute`` at launch), which keeps the same order of scheduler operations.
 callers that need to see inside a step (the batch the scheduler froze, the runner's output and, from
 a runner that keeps them, every row's logits) call :meth:`LLMEngine.step_detailed`, which is the
 same step. Not thread-safe: one thread drives it (the server runs it in a background loop).
@@ -39,6 +43,24 @@ _FINISH = {SequenceStatus.FINISHED_STOPPED: "stop", SequenceStatus.FINISHED_LENG
 
 class Runner(Protocol):
     def execute(self, batch: ScheduledBatch) -> RunnerOutput: ...
+
+
+class PendingOutput(Protocol):
+    """A launched step: :meth:`result` waits for it and returns its output (once)."""
+
+    def result(self) -> RunnerOutput: ...
+
+
+class _Ready:
+    """A step that ran to completion at launch (a runner without ``launch``)."""
+
+    __slots__ = ("_out",)
+
+    def __init__(self, out: RunnerOutput) -> None:
+        self._out = out
+
+    def result(self) -> RunnerOutput:
+        return self._out
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +94,9 @@ class LLMEngine:
         self._by_seq: dict[int, _Request] = {}
         self._ids = itertools.count()
         self._generation_tokens = 0
+        # drafts are proposed from the previous step's output, so speculative steps never overlap
+        self.overlap = scheduler.config.overlap and not scheduler.config.speculative_num_tokens
+        self._inflight: tuple[ScheduledBatch, PendingOutput] | None = None
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, prompt: str | Seq[int], params: SamplingParams, request_id: str | None = None) -> str:
@@ -123,7 +148,7 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         """Whether a step has anything to do: a request waits or runs, or a request finished outside
         a step (aborted) still has its final output to stream."""
-        return self.scheduler.has_unfinished() or self.scheduler.has_ended()
+        return self.scheduler.has_unfinished() or self.scheduler.has_ended() or self._inflight is not None
 
     # ---- stepping -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -133,11 +158,47 @@ class LLMEngine:
 
     def step_detailed(self) -> EngineStep:
         """:meth:`step`, also returning the batch and the runner's output."""
+        if self.overlap:
+            return self._overlapped_step()
         batch = self.scheduler.schedule()
-        # aborted since the last step or refused at admission: O(finished), not a scan of every request
-        ended = (self._by_seq.get(seq.seq_id) for seq in self.scheduler.take_ended())
-        outputs = [self._finish_output(req) for req in ended if req is not None]
+        outputs = self._ended_outputs()
         out = self.runner.execute(batch)  # even with no sequence: releases and table deltas must land
+        return EngineStep(batch, out, self._postprocess(batch, out, outputs))
+
+    def _overlapped_step(self) -> EngineStep:
+        """Step N (launched by the previous call, or now when none runs) is finished and streamed;
+        step N+1 is scheduled while N runs and launched once N's tokens are applied, so the next call
+        finds it running. Same outputs as the sequential step: N+1 drops the requests N ended, takes
+        N's tokens in place of its placeholders, and leaves out the requests N certainly finishes."""
+        if self._inflight is None:
+            batch = self.scheduler.schedule()
+            self._inflight = (batch, self._launch(batch))
+        batch, pending = self._inflight
+        self._inflight = None
+        ahead = self.scheduler.schedule_ahead(batch)  # runs while the runner's step does
+        outputs = self._ended_outputs()
+        out = pending.result()
+        outputs = self._postprocess(batch, out, outputs)
+        ahead = self.scheduler.complete_ahead(ahead)
+        if ahead.seqs:
+            self._inflight = (ahead, self._launch(ahead))
+        else:
+            self.runner.execute(ahead)  # releases and table deltas must land
+        return EngineStep(batch, out, outputs)
+
+    def _launch(self, batch: ScheduledBatch) -> PendingOutput:
+        launch = getattr(self.runner, "launch", None)
+        return launch(batch) if launch is not None else _Ready(self.runner.execute(batch))
+
+    def _ended_outputs(self) -> list[RequestOutput]:
+        """Final outputs of the requests aborted or refused at admission since the last call:
+        O(finished), not a scan of every request."""
+        ended = (self._by_seq.get(seq.seq_id) for seq in self.scheduler.take_ended())
+        return [self._finish_output(req) for req in ended if req is not None]
+
+    def _postprocess(self, batch: ScheduledBatch, out: RunnerOutput,
+                     outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """``outputs`` extended by the outputs of the requests ``batch`` advanced."""
         results = self.scheduler.postprocess(batch, out)
         for res in results:
             req = self._by_seq.get(res.seq.seq_id)
@@ -145,7 +206,7 @@ class LLMEngine:
                 continue
             self._generation_tokens += len(res.new_tokens)
             outputs.append(self._output(req, res.new_tokens, out.logprobs.get(res.seq.seq_id)))
-        return EngineStep(batch, out, outputs)
+        return outputs
 
     def _output(self, req: _Request, new_tokens: list[int], logprobs: TokenLogprobs | None) -> RequestOutput:
         """``new_tokens``: this step's tokens (several when drafts were accepted; such requests have no

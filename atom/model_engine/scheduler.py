@@ -25,6 +25,15 @@ runner accepted only, so blocks are published (and SWA blocks leave the window) 
 speculation, and rows written for rejected drafts lie past the computed length, where the next
 step overwrites them before any query can read them.
 
+Overlapped steps (:meth:`schedule_ahead`, :meth:`complete_ahead`): the engine schedules step N+1
+while step N runs. Each request of step N is advanced as :meth:`postprocess` will advance it, and a
+request that samples gets a placeholder token (:data:`PENDING`) for the token step N is computing;
+requests that step N certainly finishes (their ``max_tokens`` or the model length) are left out.
+When step N's tokens arrive, :meth:`postprocess` puts them in place of the placeholders (also for a
+request the ahead schedule preempted: its token still counts, and may finish it in the waiting queue),
+and :meth:`complete_ahead` fills the ahead batch's token ids, drops the requests that ended meanwhile
+(a stop token or string, an abort) and ships their releases with it.
+
 A request that cannot progress even alone (its pages sit in chunks shared with cached ones, which
 cannot be lent) is restarted alone on an emptied cache: the layout promises that one request of the
 model length fits there, and no other request is admitted until it finishes.
@@ -37,6 +46,7 @@ finished as aborted with the reason in :attr:`Sequence.error` (and listed by :me
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 from atom.config import SchedulerConfig
 from atom.kv.block_manager import BlockManager
@@ -46,7 +56,10 @@ from atom.step_contract import RunnerOutput, ScheduledBatch, ScheduledSeq
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.spec_decode.spec_counters import SpecCounters
 
-__all__ = ["Scheduler", "StepResult"]
+__all__ = ["Scheduler", "StepResult", "PENDING"]
+
+PENDING = -1
+"""The token id of a token the running step samples, until :meth:`Scheduler.postprocess` knows it."""
 
 
 class StepResult:
@@ -79,6 +92,8 @@ class Scheduler:
         self._preempted_now: set[int] = set()
         self._solo: int | None = None  # a request restarted alone on an emptied arena: admit only it
         self._ended: list[Sequence] = []  # finished outside postprocess, not yet taken (take_ended)
+        self._pending: set[int] = set()  # requests whose last token is PENDING (schedule_ahead)
+        self._finishing: set[int] = set()  # requests the running step certainly finishes: not scheduled
 
     # ---- requests -----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -99,6 +114,7 @@ class Scheduler:
         seq = self.by_id.get(seq_id)
         if seq is None or seq.status.finished:
             return False
+        self._drop_pending(seq)
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self.bm.free(seq)
@@ -134,10 +150,60 @@ class Scheduler:
         admitted = self._admit_waiting(work, budget)
         return self._build_output(work, admitted)
 
+    def schedule_ahead(self, running: ScheduledBatch) -> ScheduledBatch:
+        """The step after ``running``, scheduled while ``running`` executes (its tokens unknown): every
+        request of ``running`` is advanced as :meth:`postprocess` will advance it, with a
+        :data:`PENDING` token for each one that samples (its full blocks published and the blocks that
+        left its window released, as after the step); those whose sampled token certainly ends them
+        (``max_tokens``, the model length) are not scheduled. The batch carries placeholders until
+        :meth:`complete_ahead`, after :meth:`postprocess` of ``running``."""
+        assert self.config.speculative_num_tokens == 0, "drafts follow the previous step's output: no ahead schedule"
+        for item in running.seqs:
+            seq = self.by_id.get(item.seq_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq.num_computed_tokens = item.start_pos + item.num_committed
+            self.bm.after_step(seq)  # reads tokens before the computed length only; postprocess repeats it
+            if item.sample:
+                seq.append_token(PENDING)
+                self._pending.add(seq.seq_id)
+                if seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.config.max_model_len:
+                    self._finishing.add(seq.seq_id)
+        try:
+            return self.schedule()
+        finally:
+            self._finishing.clear()
+
+    def complete_ahead(self, batch: ScheduledBatch) -> ScheduledBatch:
+        """``batch`` (from :meth:`schedule_ahead`) once the step it followed was postprocessed: token
+        ids from the sequences (no placeholder left), without the requests that ended meanwhile, whose
+        releases it carries (with the table deltas emitted since, theirs dropped)."""
+        assert not self._pending, f"tokens of requests {sorted(self._pending)} are still pending"
+        released, self._released = tuple(self._released), []
+        gone = set(released)
+        seqs = []
+        for item in batch.seqs:
+            if item.seq_id in gone:
+                continue
+            seq, end = self.by_id[item.seq_id], item.start_pos + item.num_committed
+            seqs.append(replace(item, token_ids=tuple(seq.token_ids[item.start_pos:end]) + item.drafts,
+                                lookahead=seq.token_ids[end] if end < len(seq) else -1))
+        updates = tuple(u for u in batch.table_updates + tuple(self.bm.take_updates()) if u.seq_id not in gone)
+        return replace(batch, seqs=tuple(seqs), table_updates=updates, released_ids=batch.released_ids + released,
+                       new_tables=tuple(t for t in batch.new_tables if t.seq_id not in gone))
+
+    def _drop_pending(self, seq: Sequence) -> None:
+        if seq.seq_id in self._pending:
+            self._pending.discard(seq.seq_id)
+            seq.token_ids.pop()
+
     def _extend_running(self, work: dict[int, int], budget: int) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.seq_id in self._finishing:
+                i += 1
+                continue
             drafts = self._propose(seq, budget)
             n = min(seq.num_remaining, budget)
             if n > 1:  # a prefill chunk: no longer than what fits without touching a retention pin
@@ -282,6 +348,11 @@ class Scheduler:
         results = []
         for item in batch.seqs:
             seq = self.by_id.get(item.seq_id)
+            if seq is not None and seq.seq_id in self._pending:
+                self._drop_pending(seq)  # the sampled token takes the placeholder's place below
+                if seq.status is SequenceStatus.WAITING:
+                    results.append(self._resolve_preempted(seq, output.sampled[item.seq_id]))
+                    continue
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted between schedule and postprocess
             tokens, accepted = [], 0
@@ -312,6 +383,16 @@ class Scheduler:
                 self.drafter.observe(seq, output.drafts[item.seq_id])
             results.append(StepResult(seq, emitted, bool(done)))
         return results
+
+    def _resolve_preempted(self, seq: Sequence, token: int) -> StepResult:
+        """The token of a request the ahead schedule preempted while its step ran: it joins the
+        sequence (recomputed on re-admission) and may finish it where it waits."""
+        seq.append_token(token)
+        done = self._check_stop(seq, token)
+        if done:
+            self.waiting.remove(seq)
+            self._finish(seq, done)
+        return StepResult(seq, [token], bool(done))
 
     def _check_stop(self, seq: Sequence, token: int) -> SequenceStatus | None:
         p = seq.params

@@ -6,7 +6,7 @@ from atom.model_engine.sequence import SequenceStatus
 
 
 def test_a_step_mixes_a_decode_with_a_chunked_prefill_within_the_budget(harness):
-    h = harness(budget=20)
+    h = harness(budget=20, overlap=False)  # overlapped, a request added between steps joins one step later
     a = h.add(range(10), max_tokens=5)
     h.step()  # a: whole prompt (10 tokens) and its first token
     b = h.add(range(100, 140), max_tokens=2)

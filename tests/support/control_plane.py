@@ -108,9 +108,10 @@ class Harness:
 
 
 def make_harness(num_chunks=40, chunk_pages=1, max_seqs=4, budget=32, max_model_len=512, full_retain=False,
-                 interval=0, pin_fraction=0.25, prefix_caching=True, spec_overrides=None) -> Harness:
+                 interval=0, pin_fraction=0.25, prefix_caching=True, spec_overrides=None, overlap=True) -> Harness:
     spec = Dsv4KvSpec(**{**TINY, **(spec_overrides or {})})
-    limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=max_model_len)
+    limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=max_model_len,
+                             overlap=overlap)
     cache = CacheConfig(chunk_pages=chunk_pages, enable_prefix_caching=prefix_caching, swa_full_retain=full_retain,
                         swa_retention_interval=interval, swa_pin_fraction=pin_fraction)
     bm = BlockManager(KvLayout.for_chunks(spec, num_chunks, limits, cache), cache)
