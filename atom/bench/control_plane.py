@@ -7,13 +7,13 @@
 First a per-operation table (admit, 8K prefill chunk, decode, free, and with the whole arena cached
 the eviction room check and a chunk reclaim; median microseconds per call)
 for the workloads of :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
-Every configuration runs ``--reps`` times with garbage collected before each run; a table figure is
+Every configuration runs ``--reps`` times (default 5) with garbage collected before each run; a table figure is
 the median over the runs and each row's ``spread`` is the largest (max - min) / median of its figures.
 
 Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
 allocates no tensors), a fake runner, all driven by :class:`LLMEngine`. Each configuration first
 prefills its requests to the given context, then times ``LLMEngine.step`` (schedule, postprocess and
-the engine's per-request outputs) over ``--steps`` decode steps, less the fake runner's own time. Times are this process's CPU time (``time.process_time``), so the load other
+the engine's per-request outputs) over ``--steps`` decode steps (the median step), less the fake runner's own time. Times are this process's CPU time (``time.process_time``), so the load other
 processes put on a shared machine does not inflate them.
 The last line is ``step_us_per_seq_256=<float> growth_4k_to_128k=<float>``:
 microseconds per step per sequence with 256 sequences at the largest context, and the ratio of the
@@ -84,20 +84,22 @@ def build(num_seqs: int, context: int, steps: int) -> tuple[LLMEngine, TimedRunn
 
 
 def time_decode(num_seqs: int, context: int, steps: int) -> float:
-    """Mean microseconds of an engine step (schedule + postprocess + outputs) per decode step."""
+    """Median microseconds of an engine step (schedule + postprocess + outputs) over ``steps`` decode
+    steps (the median: a step that a collection of the whole heap or the loss of the CPU lands in
+    does not move it)."""
     engine, runner = build(num_seqs, context, steps)
     sched = engine.scheduler
     while any(s.in_prefill for s in sched.running) or sched.waiting:
         engine.step()
     gc.collect()  # the prefill's garbage is not the decode steps' cost
-    total = 0.0
+    times = []
     for _ in range(steps):
         runner.seconds = 0.0
         t0 = time.process_time()
         batch = engine.step_detailed().batch
-        total += time.process_time() - t0 - runner.seconds
+        times.append(time.process_time() - t0 - runner.seconds)
         assert len(batch.seqs) == num_seqs and batch.num_tokens == num_seqs
-    return total / steps * 1e6
+    return statistics.median(times) * 1e6
 
 
 def _repeated(run: Callable[[], T], reps: int) -> list[T]:
@@ -145,7 +147,7 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--block-sizes", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--decode-steps", type=int, default=32, help="decode steps per request in the ops table")
     ap.add_argument("--peer", choices=["vllm"], help="replay the same traces on vLLM's KVCacheManager too")
-    ap.add_argument("--reps", type=int, default=3,
+    ap.add_argument("--reps", type=int, default=5,
                     help="runs of each configuration (with --peer: of each manager per trace); medians are printed")
     args = ap.parse_args(argv)
     if args.reps < 1:
