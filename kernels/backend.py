@@ -10,7 +10,8 @@ Choice (``resolve_backend``), from an explicit override or else ``ATOM_KERNEL_BA
 
 Every op has a torch reference and a Triton wrapper of the same signature. An aiter implementation
 is used for an op only where one is registered with :func:`register_aiter`: ``fp8_block_gemm``
-(aiter's ``gemm_a16w8_blockscale``, ``aiter_gemm.py``); none of aiter's kernels matches the KV
+(aiter's ``gemm_a16w8_blockscale``, ``aiter_gemm.py``) and ``fused_moe`` (aiter's ``fused_moe`` where its
+arguments map, ``aiter_moe.py``; not run here: no ROCm machine); none of aiter's kernels matches the KV
 contracts (the arena's ``row_stride`` and fused c4 chunk are ours) or the packed MXFP4 layout, so
 under ``aiter`` an op without an aiter entry runs its Triton wrapper, and :func:`load_kernels`
 reports which implementation each op got.
@@ -56,6 +57,7 @@ OPS: dict[str, tuple[str, str, str]] = {
     "mxfp4_gemm": ("mxfp4_gemm", "mxfp4_gemm", "mxfp4_gemm_ref"),
     "hc_sinkhorn": ("hc_sinkhorn", "hc_sinkhorn", "hc_sinkhorn_ref"),
     "entry_pool": ("entry_pool", "entry_pool", "entry_pool_ref"),
+    "fused_moe": ("fused_moe", "fused_moe", "fused_moe_ref"),
 }
 
 _AITER: dict[str, Callable] = {}
@@ -105,8 +107,11 @@ def _register_aiter_gemms() -> None:
     """Register the aiter implementations of the quantized GEMMs (``aiter_gemm.py``) once."""
     from .aiter_gemm import aiter_implementations
 
+    from .aiter_moe import fused_moe_aiter
+
     for op, fn in aiter_implementations().items():
         register_aiter(op, fn)
+    register_aiter("fused_moe", fused_moe_aiter)
 
 
 def _implementation(op: str, backend: str) -> tuple[Callable, str]:

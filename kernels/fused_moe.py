@@ -3,7 +3,7 @@
 Contract (``fused_moe`` and ``fused_moe_ref`` share it)::
 
     fused_moe(x, route_w, route_idx, w1, w3, w2, s1=None, s3=None, s2=None, *,
-              limit, act_block=0, first_expert=0) -> fp32 [T, D]
+              limit, act_blocks=(0, 0), first_expert=0) -> fp32 [T, D]
 
 * ``x [T, D]`` fp32 / bf16 (float64: reference only); ``route_w [T, k]`` fp32 routing weights and
   ``route_idx [T, k]`` int32 / int64 expert ids (the ``Gate``'s top-k or hash picks).
@@ -15,8 +15,9 @@ Contract (``fused_moe`` and ``fused_moe_ref`` share it)::
 * Per pair, as :class:`atom.models.deepseek_v4.moe.Expert` computes it: ``gate = x W1^T``, ``up = x W3^T``
   (each rounded to ``x.dtype``), ``up`` clamped to ``[-limit, limit]`` and ``gate`` to ``<= limit``
   (``limit > 0``), ``h = route_w * silu(gate) * up`` rounded to ``x.dtype``, ``y = h W2^T`` rounded to
-  ``x.dtype``. With ``act_block > 0`` (the release numerics) both GEMM inputs first take the FP8 round trip
-  of :func:`atom.models.deepseek_v4.quant.fp8_roundtrip` in blocks of ``act_block`` (which divides 128).
+  ``x.dtype``. With ``act_blocks = (a, b)`` nonzero (the release numerics) the GEMM inputs first take the FP8
+  round trip of :func:`atom.models.deepseek_v4.quant.fp8_roundtrip`, ``x`` in blocks of ``a`` and ``h`` in
+  blocks of ``b`` (each 0, off, or a divisor of 128 and of its width).
   The routing weight multiplies ``h`` before that round trip, as the reference does, so it is applied in
   the first GEMM's epilogue, not the second's.
 * Returns each token's sum of its pairs' ``y`` in fp32.
@@ -56,7 +57,7 @@ if HAS_TRITON:
     from ._common import mma
     from .quant_formats import e2m1_decode, e4m3_bits, e8m0_decode, ue8m0_exponent
 
-__all__ = ["fused_moe", "fused_moe_ref", "expert_format"]
+__all__ = ["fused_moe", "fused_moe_ref", "expert_format", "reference_reads_offsets"]
 
 _FMT_CODE = {"dense": 0, "fp8": 1, "mxfp4": 2}
 
@@ -87,7 +88,7 @@ def _check_weight(name: str, w: torch.Tensor, s: torch.Tensor | None, fmt: str, 
                          f"got {got}")
 
 
-def _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit: float, act_block: int,
+def _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit: float, act_blocks: tuple[int, int],
            first_expert: int) -> str:
     """The experts' format after ``ValueError`` checks of every argument (values only with value checks on)."""
     check_rows("x", x, dtypes=VALUE_DTYPES)
@@ -104,8 +105,9 @@ def _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit: float, act_bloc
     _check_weight("w1", w1, s1, fmt, e, i, d, x.dtype)
     _check_weight("w3", w3, s3, fmt, e, i, d, x.dtype)
     _check_weight("w2", w2, s2, fmt, e, d, i, x.dtype)
-    if act_block < 0 or (act_block and (128 % act_block or d % act_block or i % act_block)):
-        raise ValueError(f"fused_moe: act_block must be 0 or divide 128, D={d} and I={i}, got {act_block}")
+    if len(act_blocks) != 2 or any(b < 0 or (b and (128 % b or width % b)) for b, width in zip(act_blocks, (d, i))):
+        raise ValueError(f"fused_moe: act_blocks must be two blocks (x's, h's), each 0 or dividing 128 and its "
+                         f"width (D={d}, I={i}), got {act_blocks}")
     if first_expert < 0 or limit < 0:
         raise ValueError(f"fused_moe: first_expert and limit must be >= 0, got {first_expert}, {limit}")
     check_same_device(x=x, route_w=route_w, route_idx=route_idx, w1=w1, w3=w3, w2=w2)
@@ -138,14 +140,20 @@ def _dequantize(w: torch.Tensor, s: torch.Tensor, fmt: str) -> torch.Tensor:
     return unpack_fp4(w) * scale.repeat_interleave(FP4_GROUP, 2)
 
 
+def reference_reads_offsets(dtype: torch.dtype, dim: int, inter: int) -> bool:
+    """Whether :func:`fused_moe_ref` reads ``offsets`` back for activations of ``dtype`` and widths ``D``, ``I``
+    (float64, or rows whose byte width ``torch._grouped_mm`` cannot take)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return dtype not in (torch.float32, torch.bfloat16) or any(w * size % 16 or w * 4 % 16 for w in (dim, inter))
+
+
 def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, fmt: str,
                   offsets: torch.Tensor) -> torch.Tensor:
     """Rows ``offsets[e] .. offsets[e+1]`` of ``a [P, K]`` times expert ``e``'s ``W^T``, in ``a.dtype``
     (rows past ``offsets[E]`` are left unspecified)."""
     wf = w if fmt == "dense" else _dequantize(w, s, fmt)
     af = a if fmt == "dense" else a.float()
-    aligned = all(t.shape[-1] * t.element_size() % 16 == 0 for t in (af, wf)) and wf.shape[1] * 4 % 16 == 0
-    if af.dtype in (torch.float32, torch.bfloat16) and aligned:
+    if not reference_reads_offsets(af.dtype, af.shape[1], wf.shape[1]):
         out = torch._grouped_mm(af, wf.transpose(1, 2), offs=offsets[1:].to(torch.int32))
         return out.to(a.dtype)
     out = torch.zeros(a.shape[0], w.shape[1], dtype=a.dtype, device=a.device)
@@ -159,15 +167,15 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, fmt:
 
 def fused_moe_ref(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w1: torch.Tensor,
                   w3: torch.Tensor, w2: torch.Tensor, s1: torch.Tensor | None = None, s3: torch.Tensor | None = None,
-                  s2: torch.Tensor | None = None, *, limit: float, act_block: int = 0,
+                  s2: torch.Tensor | None = None, *, limit: float, act_blocks: tuple[int, int] = (0, 0),
                   first_expert: int = 0) -> torch.Tensor:
     """Torch reference (module docstring): grouped GEMMs over the expert-sorted pairs, no host read."""
     from atom.models.deepseek_v4.quant import fp8_roundtrip
 
-    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_block, first_expert)
+    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert)
     t, k = route_idx.shape
     order, offsets = _permute(route_idx, w1.shape[0], first_expert)
-    xq = fp8_roundtrip(x, act_block) if act_block else x
+    xq = fp8_roundtrip(x, act_blocks[0]) if act_blocks[0] else x
     rows = xq[order // k]
     gate = _grouped_gemm(rows, w1, s1, fmt, offsets).float()
     up = _grouped_gemm(rows, w3, s3, fmt, offsets).float()
@@ -175,8 +183,8 @@ def fused_moe_ref(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tenso
         up = up.clamp(-limit, limit)
         gate = gate.clamp(max=limit)
     h = (route_w.reshape(-1)[order][:, None] * (F.silu(gate) * up)).to(x.dtype)
-    if act_block:
-        h = fp8_roundtrip(h, act_block)
+    if act_blocks[1]:
+        h = fp8_roundtrip(h, act_blocks[1])
     held = torch.arange(order.shape[0], device=x.device) < offsets[-1]  # pairs of experts held here
     y = _grouped_gemm(h, w2, s2, fmt, offsets).float() * held[:, None]
     pair_out = torch.empty_like(y)
@@ -330,11 +338,11 @@ def _strides(w: torch.Tensor, s: torch.Tensor | None) -> tuple[torch.Tensor, int
 
 def fused_moe(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w1: torch.Tensor,
               w3: torch.Tensor, w2: torch.Tensor, s1: torch.Tensor | None = None, s3: torch.Tensor | None = None,
-              s2: torch.Tensor | None = None, *, limit: float, act_block: int = 0,
+              s2: torch.Tensor | None = None, *, limit: float, act_blocks: tuple[int, int] = (0, 0),
               first_expert: int = 0) -> torch.Tensor:
     """Triton fused MoE: permutation, then one launch per GEMM pair (same contract as :func:`fused_moe_ref`)."""
     require_triton("fused_moe")
-    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_block, first_expert)
+    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert)
     if x.dtype == torch.float64:
         raise ValueError("fused_moe: float64 runs on the torch reference only (the CPU verification mode)")
     t, k = route_idx.shape
@@ -351,12 +359,12 @@ def fused_moe(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w
     (s1c, se1, sn1), (s3c, _, _), (s2c, se2, sn2) = _strides(w1c, s1), _strides(w3c, s3), _strides(w2c, s2)
     rw = route_w.contiguous()
     x = x.contiguous()
-    common = dict(TOPK=k, FMT=_FMT_CODE[fmt], AB=act_block, BM=bm, BN=bn, BK=bk, E_PAD=next_pow2(e + 1),
+    common = dict(TOPK=k, FMT=_FMT_CODE[fmt], BM=bm, BN=bn, BK=bk, E_PAD=next_pow2(e + 1),
                   FP32=x.dtype == torch.float32, NATIVE=tiles_for(x.device).native_bf16_dot)
     _moe_up_kernel[(row_tiles, triton.cdiv(i, bn))](
         x, order, rw, offsets, w1c, w3c, s1c, s3c, h, e, d, i, x.stride(0), w1c.stride(0), w1c.stride(1),
-        se1, sn1, h.stride(0), float(limit), CLAMP=limit > 0, **common)
+        se1, sn1, h.stride(0), float(limit), AB=act_blocks[0], CLAMP=limit > 0, **common)
     _moe_down_kernel[(row_tiles, triton.cdiv(d, bn))](
         h, order, offsets, w2c, s2c, out, e, d, i, h.stride(0), w2c.stride(0), w2c.stride(1), se2, sn2,
-        out.stride(0), **common)
+        out.stride(0), AB=act_blocks[1], **common)
     return out

@@ -57,10 +57,11 @@ class DeepseekV4ForServing(ModelWeights):
 
     def bind_arena(self, views: KvViews, kernels: KernelSet) -> None:
         """Run every layer (the MTP block included) on the arena ``views`` with ``kernels``' ops, and every
-        quantized Linear's GEMM with ``kernels``' implementation."""
+        quantized Linear's GEMM and every MoE's routed experts with ``kernels``' implementations."""
         self.bind_kernels(kernels)
         for block in list(self.layers) + list(self.mtp):
             block.attn.bind_arena(views, kernels)
+            block.ffn.bind_kernels(kernels)
 
     def forward(self, step: StepInputs, tables: PageTables, *, all_rows: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:

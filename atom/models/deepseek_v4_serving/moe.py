@@ -1,33 +1,102 @@
 """The serving model's MoE sub-layer: the reference's parameters (:class:`MoEWeights`), its own dispatch.
 
 Routing is the reference's (``Gate``: the same scores, the same top-k or hash picks). The routed experts
-run as one grouped GEMM over the (token, expert) pairs sorted by expert (:meth:`MoEWeights.routed`: no
-per-expert loop, no data-dependent size, nothing read back from the device) whenever every expert is held
-here with dense weights; otherwise (quantized experts, whose GEMM ops take one weight each, or an
-expert-parallel rank) one GEMM per expert present in the step, whose dispatch reads the routing back.
-:attr:`ServingMoE.host_free` says which: the serving model declares CUDA-graph support from it.
+run through the ``fused_moe`` kernel op (:mod:`atom.kernels.fused_moe`): the (token, expert) pairs sorted
+by expert on the device, one grouped GEMM for ``w1`` / ``w3`` with the clamped SwiGLU and the routing
+weight, one for ``w2`` with the combine, dense, FP8 or MXFP4 experts alike. The op takes the held experts'
+weights stacked: on the first forward (and again if the parameters are replaced) each projection's weights
+and scales are stacked once and every expert's parameters become views of the stack, so the stack costs no
+second copy and the reference's per-expert modules (and state dict names) stay as they are.
+
+A layer whose experts mix formats or whose ``w2`` inputs are split across ranks with their own FP8 blocks
+(a ``quantize_input`` override) runs one GEMM per expert present in the step, which reads the routing
+back. :attr:`ServingMoE.host_free` says which: the serving model declares CUDA-graph support from it.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
-from atom.models.deepseek_v4.moe import MoEWeights
+from atom.kernels.fused_moe import reference_reads_offsets
+from atom.models.deepseek_v4.layers import Linear
+from atom.models.deepseek_v4.moe import Expert, MoEWeights
 
 __all__ = ["ServingMoE"]
+
+_PROJECTIONS = ("w1", "w3", "w2")
 
 
 class ServingMoE(MoEWeights):
     """Routed experts plus the shared expert of one serving block (``[T, dim] -> [T, dim]``)."""
 
+    _fused: Callable[..., torch.Tensor] | None = None
+    _fused_source = "torch"
+
+    def bind_kernels(self, kernels: Any) -> None:
+        """Run the routed experts with ``kernels``' ``fused_moe`` (a ``KernelSet``; None: the torch reference)."""
+        self._fused = None if kernels is None else kernels.fused_moe
+        self._fused_source = "torch" if kernels is None else kernels.sources["fused_moe"]
+
+    def _held(self) -> list[Expert]:
+        return [self.experts[e] for e in self.expert_range]
+
+    @property
+    def fusable(self) -> bool:
+        """Whether the held experts fit the fused op: one storage format for every projection, and each
+        projection's FP8 activation blocks those of :class:`Linear` (no per-rank override)."""
+        first = self._held()[0]
+        fmt = first.w1.fmt
+        return all(getattr(first, p).fmt == fmt and type(getattr(first, p)).quantize_input is Linear.quantize_input
+                   for p in _PROJECTIONS)
+
     @property
     def host_free(self) -> bool:
-        """Whether :meth:`forward` runs without reading a device value back (the grouped path), so a
-        CUDA graph can record it."""
-        return self.grouped
+        """Whether :meth:`forward` runs without reading a device value back, so a CUDA graph can record it:
+        the fused op, except its torch reference in float64 or at widths ``torch._grouped_mm`` cannot take."""
+        if not self.fusable:
+            return False
+        first = self._held()[0]
+        return self._fused_source != "torch" or not reference_reads_offsets(
+            first.w1.dtype, first.w1.in_features, first.w1.out_features)
+
+    def expert_stack(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """``([w1, w3, w2], [s1, s3, s2])`` stacked over the held experts (scales None when dense); the experts'
+        parameters are views of these tensors."""
+        held = self._held()
+        stack = getattr(self, "_expert_stack", None)
+        if stack is not None and all(stack[0][0][j].data_ptr() == held[j].w1.weight.data_ptr() for j in (0, -1)):
+            return stack
+        weights, scales = [], []
+        with torch.no_grad():
+            for p in _PROJECTIONS:
+                linears = [getattr(ex, p) for ex in held]
+                w = torch.stack([lin.weight.data for lin in linears])
+                s = None if linears[0].scale is None else torch.stack([lin.scale.data for lin in linears])
+                for j, lin in enumerate(linears):
+                    lin.weight.data = w[j]
+                    if s is not None:
+                        lin.scale.data = s[j]
+                weights.append(w)
+                scales.append(s)
+        self._expert_stack = (weights, scales)
+        return self._expert_stack
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        """Each token adds its experts' outputs in ascending expert order, then the shared expert's."""
+        """Each token adds its experts' outputs (ascending expert order in the torch reference), then the
+        shared expert's."""
         weights, idx = self.gate(x, token_ids)
-        routed = self.routed(x, weights, idx) if self.host_free else self.routed_per_expert(x, weights, idx)
+        if not self.fusable:
+            return self.with_shared(x, self.routed_per_expert(x, weights, idx))
+        (w1, w3, w2), (s1, s3, s2) = self.expert_stack()
+        first = self._held()[0]
+        if self._fused is None:
+            from atom.kernels.backend import get_kernel
+
+            self._fused = get_kernel("fused_moe", "torch")
+        xe = x.to(first.w1.weight.dtype if first.w1.fmt == "dense" else first.w1.dtype)
+        routed = self._fused(xe, weights, idx, w1, w3, w2, s1, s3, s2, limit=first.limit,
+                             act_blocks=(first.w1.act_block, first.w2.act_block),
+                             first_expert=self.expert_range.start)
         return self.with_shared(x, routed)
