@@ -186,11 +186,11 @@ def fused_moe_ref(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tenso
     if act_blocks[1]:
         h = fp8_roundtrip(h, act_blocks[1])
     held = torch.arange(order.shape[0], device=x.device) < offsets[-1]  # pairs of experts held here
-    y = _grouped_gemm(h, w2, s2, fmt, offsets).float() * held[:, None]
+    y = torch.where(held[:, None], _grouped_gemm(h, w2, s2, fmt, offsets).float(), 0.0)
     pair_out = torch.empty_like(y)
     pair_out[order] = y
     ascending = torch.sort(route_idx, dim=1, stable=True).indices
-    per_slot = pair_out.view(t, k, -1).gather(1, ascending[:, :, None].expand(-1, -1, y.shape[1]))
+    per_slot = pair_out.view(t, k, y.shape[1]).gather(1, ascending[:, :, None].expand(-1, -1, y.shape[1]))
     return per_slot.sum(dim=1)
 
 
