@@ -21,6 +21,11 @@ decodes each request separately over its whole cache and takes minutes at batch 
 ``--quick`` shrinks the run for a shared CPU: batches 1 / 8 / 32, context 160, prefill 256 and 512.
 The last line is ``ops_per_layer_b1=<int> ops_per_layer_b32=<int> host_syncs=<int>
 decode_ms_b32=<float>`` for the thin-Flash decode (host syncs: the most in any decode batch).
+
+``--kernels`` (run with ``TRITON_INTERPRET=1``) instead counts the device kernels per layer of thin Flash on
+the Triton backend (:mod:`atom.bench.kernel_count`: Triton launches plus aten ops that launch device work;
+views, allocations and metadata excluded) for decode at batch 1 and 32 and a 64-token prefill chunk; its
+last line is ``kernels_per_layer_b1=<int> kernels_per_layer_b32=<int>``.
 """
 
 from __future__ import annotations
@@ -75,12 +80,13 @@ def thin_model(kind: str, model_class: type[ModelWeights] = DeepseekV4ForServing
     return model.eval()
 
 
-def make_engine(model: DeepseekV4ForServing, max_seqs: int, max_model_len: int, budget: int) -> LLMEngine:
+def make_engine(model: DeepseekV4ForServing, max_seqs: int, max_model_len: int, budget: int,
+                backend: str = "torch") -> LLMEngine:
     cache = CacheConfig(kv_cache_bytes=1 << 30, enable_prefix_caching=False)
     limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=max_model_len)
     layout = plan_kv_layout(model.cfg.kv_spec("fp32", include_mtp=False), cache, limits)
     sched = Scheduler(limits, BlockManager(layout, cache), eos_token_id=None)
-    runner = ModelRunner(model, layout, max_model_len=max_model_len, kernel_backend="torch")
+    runner = ModelRunner(model, layout, max_model_len=max_model_len, kernel_backend=backend)
     return LLMEngine(sched, runner, max_model_len=max_model_len)
 
 
@@ -104,13 +110,13 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def engine_step(model: DeepseekV4ForServing, prompts: list[list[int]], repeats: int,
-                decode: bool) -> tuple[int, int, int, float]:
-    """(aten ops, estimated launches and host syncs in the forward, wall ms of the step) for the step that
-    decodes every request (``decode``) or for the first (prefill) step."""
+def measured_step(model: DeepseekV4ForServing, prompts: list[list[int]], decode: bool,
+                  backend: str = "torch") -> tuple[ModelRunner, object]:
+    """``(runner, batch)``: an engine on ``backend`` with ``prompts`` added and the step that decodes every
+    request (``decode``) or the first (prefill) step scheduled, ready to run with ``runner.execute``."""
     longest = max(map(len, prompts))
     budget = max(longest, len(prompts))
-    engine = make_engine(model, len(prompts), longest + GREEDY.max_tokens, budget)
+    engine = make_engine(model, len(prompts), longest + GREEDY.max_tokens, budget, backend)
     for p in prompts:
         engine.add_request(p, GREEDY)
     sched, runner = engine.scheduler, engine.runner
@@ -119,20 +125,36 @@ def engine_step(model: DeepseekV4ForServing, prompts: list[list[int]], repeats: 
     batch = sched.schedule()  # the step measured: run below by the runner alone, repeatedly
     if decode and not (len(batch.seqs) == len(prompts) and all(s.num_tokens == 1 for s in batch.seqs)):
         raise RuntimeError("the requests finished before all of them were decoding together")
-    inner = runner._forward
-    seen: list[OpCounter] = []
+    return runner, batch
 
-    def counted(step):  # the model forward only: inputs and sampling are outside
-        with OpCounter() as c:
+
+def counted_forward(runner: ModelRunner, batch: object, counter_class: type) -> object:
+    """The counter (``counter_class()``) that was active around the model forward of ``runner.execute(batch)``
+    (inputs and sampling are outside it)."""
+    inner, seen = runner._forward, []
+
+    def counted(step):
+        with counter_class() as c:
             out = inner(step)
         seen.append(c)
         return out
 
     runner._forward = counted
-    runner.execute(batch)
-    runner._forward = inner
+    try:
+        runner.execute(batch)
+    finally:
+        runner._forward = inner
+    return seen[0]
+
+
+def engine_step(model: DeepseekV4ForServing, prompts: list[list[int]], repeats: int,
+                decode: bool) -> tuple[int, int, int, float]:
+    """(aten ops, estimated launches and host syncs in the forward, wall ms of the step) for the step that
+    decodes every request (``decode``) or for the first (prefill) step."""
+    runner, batch = measured_step(model, prompts, decode)
+    c = counted_forward(runner, batch, OpCounter)
     ms = timed(lambda: runner.execute(batch), repeats)  # a decode/prefill step re-run writes the same rows
-    return seen[0].total, seen[0].launches, seen[0].syncs, ms
+    return c.total, c.launches, c.syncs, ms
 
 
 def reference_step(model: DeepseekV4Model, prompts: list[list[int]], decode: bool) -> tuple[int, int, float]:
@@ -173,6 +195,27 @@ def report(kind: str, batches: tuple[int, ...], context: int, prefills: tuple[in
     return decode
 
 
+def kernel_counts(kind: str, context: int, prefill: int) -> dict[str, int]:
+    """Device kernels per layer (:class:`~atom.bench.kernel_count.KernelCounter`: Triton launches plus aten ops
+    that launch device work) in the model forward on the Triton backend, for decode at batch 1 and 32 and one
+    prefill chunk of ``prefill`` tokens. Needs ``TRITON_INTERPRET=1`` on a CPU."""
+    from atom.bench.kernel_count import KernelCounter
+
+    model = thin_model(kind)
+    n = model.cfg.n_layers
+    cases = {"b1": ([prompt(context, 0)], True), "b32": ([prompt(context, i) for i in range(32)], True),
+             f"prefill{prefill}": ([prompt(prefill, 0)], False)}
+    counts = {}
+    for name, (prompts, decode) in cases.items():
+        runner, batch = measured_step(model, prompts, decode, backend="triton")
+        c = counted_forward(runner, batch, KernelCounter)
+        counts[name] = c.total // n
+        top = ", ".join(f"{op} {k // n}" for op, k in c.aten.most_common(6))
+        print(f"{name:>12}: {c.total // n} kernels per layer ({c.triton // n} Triton launches; aten: {top})",
+              flush=True)
+    return counts
+
+
 def _per_layer(figures: tuple[int, int, float], n: int) -> tuple[int, int, float]:
     ops, syncs, ms = figures
     return ops // n, syncs, ms
@@ -185,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=None, help="tokens each decoding request holds")
     ap.add_argument("--repeats", type=int, default=3, help="timed re-runs of each engine step (median)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="only count device kernels per layer on the Triton backend (run with TRITON_INTERPRET=1)")
     ap.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the reference model on each case (default: on)")
     args = ap.parse_args(argv)
@@ -198,6 +243,12 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     batches, context, prefills = ((1, 8, 32), 160, (256, 512)) if args.quick else ((1, 8, 32, 128), 512, (2048,))
     context = args.context or context
+    if args.kernels:
+        print(f"thin flash, Triton backend (interpreter), context {context} tokens")
+        with torch.no_grad():
+            counts = kernel_counts("flash", context, 64)
+        print(f"kernels_per_layer_b1={counts['b1']} kernels_per_layer_b32={counts['b32']}")
+        return
     print(f"context {context} tokens, torch kernels, {torch.get_num_threads()} threads")
     flash = None
     with torch.no_grad():
