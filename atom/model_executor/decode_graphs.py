@@ -15,13 +15,24 @@ Modes (``ModelRunner(graph_mode=...)``):
   on this rank).
 
 Other steps (prefill chunks, steps that admit or resume a request, batches over the largest bucket)
-run eagerly in every mode. Capture runs on padding-only inputs, which write nothing into the arena
-(see :mod:`atom.model_ops.decode_buffers`), after two warm-up runs on a side stream (lazily created
-workspaces, the stacked expert weights); all buckets share one graph memory pool.
+run eagerly in every mode. A graph is captured per (batch bucket, context bucket): index widths follow
+the longest context in the step (:func:`~atom.model_ops.decode_buffers.context_bucket`), so a few widths
+are captured per batch bucket, each on first use. Capture runs on padding-only inputs, which write
+nothing into the arena (see :mod:`atom.model_ops.decode_buffers`), after two warm-up runs on a side
+stream (lazily created workspaces, the stacked expert weights); all graphs share one memory pool.
+
+Each warm-up runs on a fresh :class:`StepInputs`, and the graph is captured on one of its own, kept with
+the graph for as long as it lives (:class:`CapturedStep`): the tensors a forward derives from the step's
+buffers (``StepInputs.derive``: positions as int32, window and compressed index lists, the rows each
+entry pools) are then computed inside the captured region, so every replay recomputes them from the
+buffers :meth:`DecodeBuffers.fill` just wrote. Derived tensors cached by a warm-up would be frozen into
+the graph with the padding step's values. ``atom.testing.graph_emulation`` replays this code path on the
+CPU (``tests/engine/test_decode_graph_replay.py``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -31,7 +42,7 @@ from atom.model_ops.decode_buffers import DecodeBuffers
 from atom.model_ops.step_inputs import PageTables, StepInputs
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 
-__all__ = ["GRAPH_MODES", "DecodeSteps", "serving_graph_mode"]
+__all__ = ["GRAPH_MODES", "CapturedStep", "DecodeSteps", "serving_graph_mode"]
 
 GRAPH_MODES = ("eager", "padded", "graph")
 
@@ -48,6 +59,16 @@ def serving_graph_mode(model: DeepseekV4ForServing, *, enforce_eager: bool, keep
     return "graph" if allowed else "eager"
 
 
+@dataclass(frozen=True)
+class CapturedStep:
+    """One captured decode step: the graph, the :class:`StepInputs` it was captured on (its ``derived``
+    tensors live in the graph's pool and are rewritten by every replay) and the logits it writes."""
+
+    graph: torch.cuda.CUDAGraph
+    step: StepInputs
+    logits: torch.Tensor
+
+
 class DecodeSteps:
     """Runs plain decode steps of up to ``buffers.sizes[-1]`` requests through ``forward`` (the runner's
     model forward: ``StepInputs`` -> logits of ``sample_rows``) on ``buffers``; ``capture``: in CUDA graphs."""
@@ -57,7 +78,7 @@ class DecodeSteps:
         if capture and not torch.cuda.is_available():
             raise ValueError("CUDA-graph capture needs a CUDA or ROCm GPU; on the CPU decode steps run eagerly")
         self.forward, self.buffers, self.capture = forward, buffers, capture
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], CapturedStep] = {}  # (batch bucket, context bucket) ->
         self.pool = torch.cuda.graph_pool_handle() if capture else None
 
     def run(self, batch: ScheduledBatch, tables: PageTables) -> torch.Tensor | None:
@@ -68,23 +89,27 @@ class DecodeSteps:
             return None
         if not self.capture:
             return self.forward(self.buffers.fill(batch, tables))[: len(batch.seqs)]
-        if size not in self.graphs:
-            self.graphs[size] = self._capture(size)
-        graph, logits = self.graphs[size]
+        key = (size, self.buffers.context_for(batch))
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(*key)
+        captured = self.graphs[key]
         self.buffers.fill(batch, tables)
-        graph.replay()
-        return logits[: len(batch.seqs)]
+        captured.graph.replay()
+        return captured.logits[: len(batch.seqs)]
 
-    def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        self.buffers.pad(size)
-        step = self.buffers.inputs(size)
+    def _capture(self, size: int, context: int) -> CapturedStep:
+        """Warm up twice on padding-only inputs (each run on a fresh ``StepInputs``), then capture on a new
+        one that nothing has derived from yet."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.forward(step)
+                self.buffers.pad(size)
+                self.forward(self.buffers.inputs(size, context))
         torch.cuda.current_stream().wait_stream(side)
+        self.buffers.pad(size)
+        step = self.buffers.inputs(size, context)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits = self.forward(step)
-        return graph, logits
+        return CapturedStep(graph, step, logits)

@@ -8,9 +8,12 @@ its metadata into the same tensors every time, with shapes that depend only on t
 A step qualifies (:meth:`DecodeBuffers.bucket_for`) when every request decodes one token (no drafts), none is
 newly admitted (``state_reset``: its ring is cleared before use) or resumes from a prefix hit
 (``restore_page``), and the batch fits the largest bucket. Its :class:`StepInputs` then fixes every
-host value the forward reads (``max_pos`` = ``max_model_len - 1`` so index widths do not follow the
-positions, ``max_len`` = 1, no reset, no restore) and every shape (``T = S = bucket``; entry lists of
-``bucket // ratio + bucket`` entries; every row samples).
+host value the forward reads (``max_pos`` = the step's context bucket - 1, ``max_len`` = 1, no reset, no
+restore) and every shape (``T = S = bucket``; entry lists of ``bucket // ratio + bucket`` entries; every
+row samples). The context bucket (:func:`context_bucket`) is the longest context in the step rounded up
+to a power of two (at least ``min_context``, at most ``max_model_len``): index widths
+(:meth:`StepInputs.index_width`) follow the requests' lengths, so a short step at a 1M ``max_model_len``
+scores as many indexer keys as it would at 4K, and a graph is captured per (batch bucket, context bucket).
 
 Padding requests are inert: their tokens sit at position 0 in the page tables' padding row (every
 page -1, never handed to a request, so ``swa_write`` and the capture skip them), their state slot is
@@ -23,10 +26,22 @@ from __future__ import annotations
 
 import torch
 
+from atom.kernels._common import next_pow2
 from atom.step_contract import ScheduledBatch
 from atom.model_ops.step_inputs import EntryList, PageTables, StepInputs
 
-__all__ = ["DecodeBuffers", "decode_buckets"]
+__all__ = ["DecodeBuffers", "MIN_CONTEXT", "context_bucket", "decode_buckets"]
+
+MIN_CONTEXT = 256  # the smallest context bucket: shorter steps share its widths
+
+
+def context_bucket(longest: int, max_model_len: int, min_context: int = MIN_CONTEXT) -> int:
+    """The context a decode step's widths are sized for: ``longest`` (its longest request's length,
+    the decoded token included) rounded up to a power of two, at least ``min_context``, capped at
+    ``max_model_len``."""
+    if not 1 <= longest <= max_model_len:
+        raise ValueError(f"a decode step's longest context must be in 1..max_model_len={max_model_len}, got {longest}")
+    return min(next_pow2(max(longest, min_context)), max_model_len)
 
 
 def decode_buckets(max_seqs: int) -> tuple[int, ...]:
@@ -69,16 +84,23 @@ class DecodeBuffers:
             return None
         return next(size for size in self.sizes if size >= n)
 
-    def inputs(self, size: int) -> StepInputs:
-        """The :class:`StepInputs` of bucket ``size`` over the buffers (views: the same addresses every
-        time; contents are whatever :meth:`fill` last wrote)."""
+    def context_for(self, batch: ScheduledBatch) -> int:
+        """The context bucket of decode ``batch`` (:func:`context_bucket` of its longest request)."""
+        return context_bucket(max(s.start_pos for s in batch.seqs) + 1, self.max_model_len)
+
+    def inputs(self, size: int, context: int | None = None) -> StepInputs:
+        """A new :class:`StepInputs` of bucket ``size`` and context bucket ``context`` (default
+        ``max_model_len``) over the buffers: views, the same addresses every time, contents whatever
+        :meth:`fill` last wrote, and an empty ``derived`` cache (a captured graph owns the one it
+        captured on, so the tensors derived from the buffers are computed inside the capture)."""
+        context = self.max_model_len if context is None else context
         entries = {r: EntryList(self.entry_seq[r][: size // r + size], self.entry_ids[r][: size // r + size])
                    for r in self.ratios}
         return StepInputs(
             token_ids=self.token_ids[:size], positions=self.positions[:size], token_slot=self.token_slot[:size],
             cu_seqlens=self.cu_seqlens[: size + 1], pos_start=self.pos_start[:size], slots=self.slots[:size],
             rows=self.rows[:size], reset=self.reset[:size], restore_src=self.restore_src[:size], entries=entries,
-            sample_rows=self.sample_rows[:size], max_pos=self.max_model_len - 1, max_len=1, any_reset=False,
+            sample_rows=self.sample_rows[:size], max_pos=context - 1, max_len=1, any_reset=False,
             any_restore=False, seq_ids=[], lengths=[1] * size, num_draft=[0] * size)
 
     def pad(self, size: int) -> None:
@@ -93,7 +115,7 @@ class DecodeBuffers:
         seqs = batch.seqs
         self._write(size, [s.token_ids[-1] for s in seqs], [s.start_pos for s in seqs],
                     [tables.row_of[s.seq_id] for s in seqs], [s.state_slot for s in seqs])
-        step = self.inputs(size)
+        step = self.inputs(size, self.context_for(batch))
         step.seq_ids, step.lengths = [s.seq_id for s in seqs], [1] * len(seqs)
         return step
 

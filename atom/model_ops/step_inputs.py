@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from atom.kernels._common import next_pow2
 from atom.step_contract import ScheduledBatch
 from atom.kv.page_map import COMPRESS, SWA
 
@@ -137,6 +138,12 @@ class StepInputs:
     # computed by the first layer that asks; empty when the step starts, and in every copy made with
     # dataclasses.replace (not an init field), since a copy with other token rows needs its own
     derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def index_width(self, ratio: int) -> int:
+        """How many compressed entries of ``ratio`` each query's index lists cover: the next power of two
+        of the entries below the step's largest position (a few shapes across steps), so widths follow
+        the longest context in the step, never ``max_model_len``."""
+        return next_pow2((self.max_pos + 1) // ratio)
 
     def derive(self, key: tuple, make: Callable[[], Any]) -> Any:
         """``make()``, computed once per step for ``key`` (which must name everything ``make`` depends on

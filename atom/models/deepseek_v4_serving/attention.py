@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import torch
 
-from atom.kernels._common import next_pow2
 from atom.kernels.backend import KernelSet
 from atom.model_ops.kv_views import KvViews
 from atom.model_ops.step_inputs import EntryList, PageTables, RowSubset, StepInputs
@@ -239,7 +238,7 @@ class ArenaAttention(AttentionWeights):
         geo = dict(ratio=self.ratio, entries_per_block=reg.used_rows, pages_per_chunk=reg.pages_per_chunk,
                    chunk_rows=reg.chunk_rows)
         if self.indexer is None:
-            width = next_pow2((step.max_pos + 1) // self.ratio)  # a power of two: steps share a few shapes
+            width = step.index_width(self.ratio)
             return step.derive(("comp_index", width, *geo.values()), lambda: self.k.build_comp_index(
                 tables.comp, step.token_slot, pos32, None, width=width, **geo))
         picks = self._topk(self.indexer, p, step, tables, pos32)
@@ -250,7 +249,7 @@ class ArenaAttention(AttentionWeights):
         """int32 ``[T, index_topk]`` logical entries each query attends (ascending, -1 padded), for every
         query of the step at once over its keys gathered from the arena."""
         reg, ratio = self.index_region, self.ratio  # a CSA layer's: only CSA layers have an indexer
-        geo = dict(width=next_pow2((step.max_pos + 1) // ratio), ratio=ratio, entries_per_block=reg.used_rows,
+        geo = dict(width=step.index_width(ratio), ratio=ratio, entries_per_block=reg.used_rows,
                    pages_per_chunk=reg.pages_per_chunk, chunk_rows=reg.chunk_rows)
         key_rows = step.derive(("comp_index", *geo.values()), lambda: self.k.build_comp_index(
             tables.comp, step.token_slot, pos32, None, **geo))
