@@ -1,7 +1,10 @@
 """Request-level edits of the logits before sampling, and the log-probabilities users ask for.
 
-Every edit is a tensor op over one request's ``[vocab]`` logits, kept apart from the sampling itself
-so an on-device sampler can run the same ops batched. Order (as in the OpenAI / vLLM semantics):
+:func:`apply_batched_edits` is what the sampler runs: every edit over all rows of a step at once, each row
+with its own parameters (:mod:`sampling_rows`), the penalties reading the sampler's device history
+tables. :func:`apply_logits_processors` is the same edits over one request's ``[vocab]`` logits with a
+:class:`SequenceHistory`, the per-row reference the batched form is tested against. Order (as in the
+OpenAI / vLLM semantics):
 
 1. ``logit_bias``: add each bias to its token's logit;
 2. ``repetition_penalty`` r: every token already in the sequence (prompt or output) has its logit
@@ -12,10 +15,11 @@ so an on-device sampler can run the same ops batched. Order (as in the OpenAI / 
    ``stop_token_ids`` are impossible (-inf).
 
 :class:`SequenceHistory` is the per-request state these need (output counts, the set of seen
-tokens, how many were generated). The sampler builds it from the request's prompt and output ids,
-which the scheduler ships once, on the first step after each admission (``ScheduledSeq.history``;
-a preempted request is re-admitted, so its history is rebuilt then), updates it with every token it
-samples, and drops it when the request's tables are released.
+tokens, how many were generated). The sampler keeps the same state as rows of two device tables,
+built from the request's prompt and output ids, which the scheduler ships once, on the first step
+after each admission (``ScheduledSeq.history``; a preempted request is re-admitted, so its history is
+rebuilt then), updated on the device with every token it samples, and dropped when the request's
+tables are released.
 
 Log-probabilities are those of the model's distribution, ``log_softmax`` of the raw logits (before
 the edits above and before temperature / top-k / top-p), like OpenAI's ``logprobs``.
@@ -24,12 +28,16 @@ the edits above and before temperature / top-k / top-p), like OpenAI's ``logprob
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from atom.sampling_params import SamplingParams
 
-__all__ = ["SequenceHistory", "apply_logits_processors", "token_logprobs"]
+if TYPE_CHECKING:
+    from atom.model_executor.sampling_rows import DeviceRows, RowBatch
+
+__all__ = ["SequenceHistory", "apply_batched_edits", "apply_logits_processors", "token_logprobs"]
 
 
 @dataclass
@@ -77,6 +85,28 @@ def apply_logits_processors(logits: torch.Tensor, params: SamplingParams, histor
         out = out - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(out.dtype)
     if history.num_generated < params.min_tokens and banned_until_min:
         out[torch.tensor(banned_until_min, dtype=torch.long, device=out.device)] = float("-inf")
+    return out
+
+
+def apply_batched_edits(logits: torch.Tensor, rows: "DeviceRows", batch: "RowBatch",
+                        counts: torch.Tensor | None, seen: torch.Tensor | None) -> torch.Tensor:
+    """The edited fp32 logits ``[N, vocab]`` of a step (a new tensor when any edit applies): the edits of
+    :func:`apply_logits_processors` per row, in the same order; ``counts`` / ``seen``: the history
+    tables (row ``rows.slot[n]``, row 0 all zero), read only when a row has history."""
+    out = logits.float()
+    if not (batch.any_bias or batch.any_history or batch.any_banned):
+        return out
+    out = out.clone()
+    if batch.any_bias:
+        out.index_put_(rows.bias[:2], rows.bias[2], accumulate=True)
+    if batch.any_history:
+        seen_rows, count_rows = seen[rows.slot], counts[rows.slot].to(out.dtype)
+        r = rows.repetition.unsqueeze(-1)
+        out = torch.where(seen_rows, torch.where(out > 0, out / r, out * r), out)
+        out = (out - rows.frequency.unsqueeze(-1) * count_rows
+               - rows.presence.unsqueeze(-1) * (count_rows > 0).to(out.dtype))
+    if batch.any_banned:
+        out.index_put_(rows.banned, torch.full_like(rows.banned[0], 0, dtype=out.dtype) - float("inf"))
     return out
 
 

@@ -99,30 +99,15 @@ class ModelRunner:
         return dataclasses.replace(out, logits=kept) if kept else out
 
     def _sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> RunnerOutput:
-        """Rows of ``logits``: one per sampling request, ``1 + num_draft`` for a request with drafts.
-        Plain rows sample (one batched call); drafts are verified (:meth:`Sampler.verify`)."""
+        """Rows of ``logits``: one per sampling request, ``1 + num_draft`` for a request with drafts. Every
+        request samples (and verifies its drafts) in one batched call with one read-back."""
         items = [item for item in batch.seqs if item.sample]
-        first = [0]
-        for item in items:
-            first.append(first[-1] + 1 + item.num_draft)
-        plain = [r for r, item in enumerate(items) if not item.num_draft]
-        rows = logits[[first[r] for r in plain]] if len(plain) < len(items) else logits
-        tokens = self.sampler.sample_all(rows, [items[r].params for r in plain],
-                                         [items[r].start_pos + items[r].num_tokens for r in plain],
-                                         [items[r].seq_id for r in plain])
-        sampled, logprobs, accepted = {}, {}, {}
-        for j, (r, token) in enumerate(zip(plain, tokens)):
-            sampled[items[r].seq_id] = token
-            lp = self.sampler.logprobs(rows[j], items[r].params, token)
-            if lp is not None:
-                logprobs[items[r].seq_id] = lp
-        spec = [r for r, item in enumerate(items) if item.num_draft]
-        argmax = torch.argmax(logits, dim=-1).tolist() if any(items[r].params.greedy for r in spec) else []
-        for r in spec:
-            item, lo, hi = items[r], first[r], first[r + 1]
-            a, token = self.sampler.verify(logits[lo:hi], item.drafts, item.params, item.start_pos + item.num_committed,
-                                           argmax[lo:hi] if argmax else None)
-            sampled[item.seq_id], accepted[item.seq_id] = token, a
+        requests = [self.sampler.request(item.seq_id, item.params, item.start_pos + item.num_committed, item.drafts)
+                    for item in items]
+        out = self.sampler.sample_all(logits, requests)
+        sampled = {item.seq_id: t for item, t in zip(items, out.tokens)}
+        accepted = {item.seq_id: a for item, a in zip(items, out.accepted) if item.num_draft}
+        logprobs = {item.seq_id: lp for item, lp in zip(items, out.logprobs) if lp is not None}
         return RunnerOutput(sampled, logprobs, accepted)
 
     def _commit(self, batch: ScheduledBatch, step: StepInputs, accepted: dict[int, int]) -> None:

@@ -1,130 +1,256 @@
-"""Sampling the next token from logits: greedy, temperature, top-k, min-p, top-p, reproducible with a seed.
+"""Sampling a step's tokens on the device, batched: greedy, temperature, top-k, min-p, top-p, logits edits,
+logprobs and the verification of drafts, in one fixed set of ops and one read-back.
 
-A request with a ``seed`` draws each token from a generator seeded by ``(seed, position)``, so the
-same seed gives the same tokens whatever else runs in the batch, and a request preempted and
-recomputed continues exactly as if it had never been interrupted. Requests without a seed share the
-engine's generator.
+Every request of a step is a group of rows (:mod:`sampling_rows`): one row, or ``k + 1`` for ``k``
+drafts. The ops run over all rows at once, each with its own parameters, and which ops run depends
+only on which features the batch uses (any top-k, any top-p, ...), never on a row's values:
 
-Before sampling, the request's logits edits (``logit_bias``, repetition / frequency / presence
-penalties, ``min_tokens``) are applied by :mod:`logits_processors`, which also computes the
-log-probabilities a request asks for; the per-request history those need lives here, keyed by
-sequence id, until the request is released.
+1. logits edits (:mod:`logits_processors`, batched): ``logit_bias``, penalties from the history
+   tables, ``min_tokens`` bans;
+2. greedy rows: the argmax; sampling rows: temperature, then the filters of :func:`filtered_probs`;
+3. random draws from a counter-based generator (:mod:`counter_rng`): row keys from the request's
+   ``(seed, output position)``, so a seeded request's tokens do not depend on the batch it runs in,
+   on what ran before, or on a preemption (its positions are recomputed the same). Requests without a
+   seed draw their keys from the engine's generator. A token is drawn by the exponential race
+   ``argmax(p / E)`` with ``E = -log(u)`` per vocabulary entry (distributed exactly as ``p``; no
+   ``multinomial``, no normalisation needed);
+4. drafts (:mod:`atom.spec_decode.rejection_sampler`, batched): accepted while they equal the argmax
+   (greedy) or pass the rejection test; the token after the last accepted draft is the target's
+   (greedy) or drawn from the residual;
+5. the step's outputs (tokens, accepted counts, logprobs) are packed into one float64 tensor and read
+   back once (pinned, non-blocking, waited on by an event on a GPU).
+
+The random stream changed with this design: before it, a seeded request drew from a
+``torch.Generator`` seeded per position (``torch.multinomial``); the same seed now gives other (equally
+distributed) tokens than before, and the same tokens in any batch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
+from atom.model_executor.counter_rng import MASK32, row_keys, uniforms
+from atom.model_executor.logits_processors import apply_batched_edits, token_logprobs
+from atom.model_executor.sampling_rows import DeviceRows, RowBatch, SampleRequest
 from atom.output.request_output import TokenLogprobs
-from atom.model_executor.logits_processors import SequenceHistory, apply_logits_processors, token_logprobs
-from atom.spec_decode.rejection_sampler import greedy_accept, rejection_sample
 from atom.sampling_params import SamplingParams
+from atom.spec_decode.rejection_sampler import accept_drafts
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "StepSamples", "filtered_probs"]
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """Per request of the step, in order: the token it emits, how many of its drafts were accepted, and
+    the logprobs it asked for (None when it did not, or when it verified drafts)."""
+
+    tokens: list[int]
+    accepted: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+def filtered_probs(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                   batch: RowBatch) -> torch.Tensor:
+    """The distributions tokens are drawn from, per row of ``z [N, vocab]`` (logits divided by the
+    temperature): restricted to the ``top_k`` largest (0 = off), then to the tokens at least ``min_p``
+    times as likely as the most likely one, then to the smallest most-likely set whose mass reaches
+    ``top_p``; renormalised after each filter. Only the filters some row uses run (``batch`` flags)."""
+    if batch.any_top_k:
+        kmax = min(batch.max_top_k, z.shape[-1])
+        top = torch.topk(z, kmax, dim=-1).values
+        kth = top.gather(-1, (top_k.clamp(1, kmax) - 1).unsqueeze(-1))
+        kth = torch.where((top_k > 0).unsqueeze(-1), kth, torch.full_like(kth, float("-inf")))
+        z = z.masked_fill(z < kth, float("-inf"))
+    probs = torch.softmax(z, dim=-1)
+    if batch.any_min_p:
+        floor = min_p.unsqueeze(-1) * probs.amax(dim=-1, keepdim=True)
+        probs = torch.where(probs >= floor, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if batch.any_top_p:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < top_p.unsqueeze(-1)  # keeps the most likely token
+        keep = keep | (top_p >= 1.0).unsqueeze(-1)  # top_p = 1: every token, whatever the cumsum's rounding
+        mask = torch.empty_like(keep).scatter_(-1, order, keep)  # back to vocabulary order, no host read
+        probs = torch.where(mask, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
 
 
 class Sampler:
     """``eos_token_id``: the token ``min_tokens`` forbids (with ``stop_token_ids``) until reached.
-    Samples on the logits' device; generators live on ``device``."""
+    Samples on the logits' device; the engine's generator (keys of unseeded requests) lives on ``device``.
+
+    Penalty history: one row per request that needs it (:meth:`begin`) in two device tables
+    (``counts [S, vocab]`` int32 generated counts, ``seen [S, vocab]`` bool prompt or output), row 0
+    all zero for requests without history; the sampled tokens update them on the device."""
 
     def __init__(self, seed: int = 0, eos_token_id: int | None = None, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
         self._shared = torch.Generator(device=self.device).manual_seed(seed)
         self._eos = eos_token_id
-        self._history: dict[int, SequenceHistory] = {}
-
-    def sample_all(self, logits: torch.Tensor, params: list[SamplingParams], positions: list[int],
-                   seq_ids: list[int]) -> list[int]:
-        """One token per row of ``logits [K, vocab]`` (row ``r``: ``params[r]`` of request ``seq_ids[r]`` at
-        ``positions[r]``). Plain greedy rows take one batched argmax; the step's tokens come back to the
-        host in one read. Rows with logits edits or sampling go through :meth:`sample`."""
-        if not params:
-            return []
-        tokens = torch.argmax(logits, dim=-1)
-        for r, (p, pos, sid) in enumerate(zip(params, positions, seq_ids)):
-            if not (p.greedy and self._plain(p, sid)):
-                tokens[r] = self.sample(logits[r], p, pos, sid)
-        return tokens.tolist()
-
-    def _plain(self, params: SamplingParams, seq_id: int) -> bool:
-        """No logits edit applies: greedy is then the raw argmax."""
-        return not params.logit_bias and self._history.get(seq_id) is None
+        self._slot: dict[int, int] = {}  # seq_id -> history row
+        self._generated: dict[int, int] = {}  # seq_id -> tokens generated (for min_tokens)
+        self._free: list[int] = []
+        self._counts: torch.Tensor | None = None
+        self._seen: torch.Tensor | None = None
 
     # ---- per-request history ------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: tuple[int, ...], output: tuple[int, ...], vocab: int,
               device: torch.device) -> None:
         """A request (re)admitted with penalties or min_tokens: its history from its ids so far."""
-        self._history[seq_id] = SequenceHistory.of(prompt, output, vocab, device)
+        slot = self._slot.get(seq_id) or self._take_slot(vocab, device)
+        self._slot[seq_id], self._generated[seq_id] = slot, len(output)
+        self._counts[slot].zero_()
+        self._seen[slot].zero_()
+        if prompt or output:
+            self._seen[slot, torch.tensor(prompt + output, dtype=torch.long, device=device)] = True
+        if output:
+            ids = torch.tensor(output, dtype=torch.long, device=device)
+            self._counts[slot].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
 
     def release(self, seq_ids: Iterable[int]) -> None:
         for sid in seq_ids:
-            self._history.pop(sid, None)
+            slot = self._slot.pop(sid, None)
+            self._generated.pop(sid, None)
+            if slot:
+                self._free.append(slot)
 
-    # ---- sampling -----------------------------------------------------------------------------
+    def _take_slot(self, vocab: int, device: torch.device) -> int:
+        if self._free:
+            return self._free.pop()
+        used = 1 + len(self._slot)
+        if self._counts is None or used >= self._counts.shape[0]:
+            rows = max(8, 2 * used)
+            counts = torch.zeros(rows, vocab, dtype=torch.int32, device=device)
+            seen = torch.zeros(rows, vocab, dtype=torch.bool, device=device)
+            if self._counts is not None:
+                counts[:self._counts.shape[0]] = self._counts
+                seen[:self._seen.shape[0]] = self._seen
+            self._counts, self._seen = counts, seen
+        return used
+
+    # ---- the step -----------------------------------------------------------------------------
+    def request(self, seq_id: int, params: SamplingParams, position: int, drafts: tuple[int, ...] = ()
+                ) -> SampleRequest:
+        """The :class:`SampleRequest` of ``seq_id`` sampling at output ``position`` (its history row and
+        the tokens ``min_tokens`` bans now filled in)."""
+        slot = self._slot.get(seq_id, 0)
+        banned = ()
+        if slot and self._generated[seq_id] < params.min_tokens:
+            banned = tuple(params.stop_token_ids) + (() if self._eos is None else (self._eos,))
+        return SampleRequest(seq_id, params, position, drafts, slot, banned)
+
+    def sample_all(self, logits: torch.Tensor, requests: list[SampleRequest]) -> StepSamples:
+        """Tokens for the step: ``logits [N, vocab]`` hold each request's rows in order (see
+        :class:`SampleRequest`). One host-to-device copy in, one read back."""
+        if not requests:
+            return StepSamples([], [], [])
+        batch = RowBatch(requests)
+        assert logits.shape[0] == batch.num_rows, f"{logits.shape[0]} logits rows for {batch.num_rows} sampling rows"
+        rows = batch.to_device(logits.device)
+        edited = apply_batched_edits(logits, rows, batch, self._counts, self._seen)
+        greedy = torch.argmax(edited, dim=-1)
+        probs = noise = None
+        if batch.any_sampling:
+            temp = torch.where(rows.temperature > 0, rows.temperature, torch.ones_like(rows.temperature))
+            probs = filtered_probs(edited / temp.unsqueeze(-1), rows.top_k, rows.top_p, rows.min_p, batch)
+            noise = uniforms(self._keys(rows), logits.shape[-1] + 1)
+        accepted, tokens = accept_drafts(greedy, probs, noise, rows, batch.max_drafts)
+        if batch.any_history:
+            self._extend_history(rows, tokens, batch)
+        return self._read(logits, tokens, accepted, batch)
+
+    def _keys(self, rows: DeviceRows) -> torch.Tensor:
+        seeded = row_keys(rows.seed_lo, rows.seed_hi, rows.position)
+        drawn = torch.randint(0, MASK32 + 1, seeded.shape, generator=self._shared, device=self.device,
+                              dtype=torch.int64).to(seeded.device)
+        return torch.where(rows.seeded, seeded, drawn)
+
+    def _extend_history(self, rows: DeviceRows, tokens: torch.Tensor, batch: RowBatch) -> None:
+        """Count each request's new token in its history row (requests with history have no drafts, so
+        a request's token sits at its first row)."""
+        first = torch.tensor(batch.first_rows(), dtype=torch.long, device=tokens.device)
+        per_row = torch.zeros(batch.num_rows, dtype=torch.long, device=tokens.device).index_copy_(0, first, tokens)
+        slots, toks = rows.slot[rows.history_rows], per_row[rows.history_rows]
+        self._counts.index_put_((slots, toks), torch.ones_like(toks, dtype=torch.int32), accumulate=True)
+        self._seen.index_put_((slots, toks), torch.ones_like(toks, dtype=torch.bool))
+        for r in batch.requests:
+            if r.slot:
+                self._generated[r.seq_id] += 1
+
+    def _read(self, logits: torch.Tensor, tokens: torch.Tensor, accepted: torch.Tensor, batch: RowBatch
+              ) -> StepSamples:
+        """Pack tokens, accepted counts and logprobs into one float64 tensor (exact for all of them) and
+        read it back once."""
+        parts = [tokens.to(torch.float64), accepted.to(torch.float64)]
+        top = max(batch.max_logprobs, 0)
+        if batch.max_logprobs >= 0:
+            first = torch.tensor(batch.first_rows(), dtype=torch.long, device=logits.device)
+            logp = torch.log_softmax(logits[first].float(), dim=-1)
+            parts.append(logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(torch.float64))
+            if top:
+                values, ids = torch.topk(logp, min(top, logp.shape[-1]), dim=-1)
+                parts += [ids.to(torch.float64).flatten(), values.to(torch.float64).flatten()]
+        host = _to_host(torch.cat(parts))
+        r = len(batch.requests)
+        toks, acc = [int(v) for v in host[:r]], [int(v) for v in host[r:2 * r]]
+        return StepSamples(toks, acc, self._logprobs(host[2 * r:], toks, batch, top))
+
+    @staticmethod
+    def _logprobs(host: list[float], tokens: list[int], batch: RowBatch, top: int) -> list[TokenLogprobs | None]:
+        if batch.max_logprobs < 0:
+            return [None] * len(tokens)
+        r = len(tokens)
+        width = (len(host) - r) // (2 * r)  # top ids and values per request (min(top, vocab))
+        chosen, ids, vals = host[:r], host[r:r + r * width], host[r + r * width:]
+        out: list[TokenLogprobs | None] = []
+        for i, req in enumerate(batch.requests):
+            k = req.params.logprobs
+            if k is None or req.drafts:
+                out.append(None)
+                continue
+            alts = tuple((int(ids[i * width + j]), vals[i * width + j]) for j in range(min(k, width)))
+            out.append(TokenLogprobs(tokens[i], chosen[i], alts))
+        return out
+
+    # ---- one request at a time (tests and tools) ------------------------------------------------
     def sample(self, logits: torch.Tensor, params: SamplingParams, position: int, seq_id: int | None = None) -> int:
-        """One token from ``logits [vocab]`` for the token at ``position`` of its request ``seq_id``
-        (whose history, if :meth:`begin` set one, the penalties read and this token extends)."""
-        history = self._history.get(seq_id) if seq_id is not None else None
-        edited = apply_logits_processors(logits, params, history, self._banned(params))
-        if params.greedy:
-            token = int(torch.argmax(edited))
-        else:
-            probs = self.filtered_probs(edited / params.temperature, params)
-            token = int(torch.multinomial(probs, 1, generator=self._generator(params, position)))
-        if history is not None:
-            history.generated(token)
-        return token
+        """One token from ``logits [vocab]`` for output ``position`` of request ``seq_id`` (a batch of one)."""
+        req = self.request(-1 if seq_id is None else seq_id, params, position)
+        return self.sample_all(logits.unsqueeze(0), [req]).tokens[0]
 
-    def verify(self, logits: torch.Tensor, drafts: tuple[int, ...], params: SamplingParams, position: int,
-               argmax: list[int] | None = None) -> tuple[int, int]:
-        """``(accepted, token)`` for ``k`` deterministic drafts: ``logits [k + 1, vocab]`` are the target's
-        rows from the last committed token on, row ``i`` giving the token at ``position + i``. Greedy:
-        exact match with the argmax (``argmax``: those rows' argmax, already read back); otherwise
-        rejection sampling against the filtered distribution, one generator per position. The
-        scheduler never drafts for requests whose params edit logits (see ``Scheduler._propose``)."""
-        if params.greedy:
-            return greedy_accept(argmax if argmax is not None else torch.argmax(logits, dim=-1).tolist(), drafts)
-        probs = torch.stack([self.filtered_probs(row / params.temperature, params) for row in logits])
-        return rejection_sample(probs, drafts, None,
-                                [self._generator(params, position + i) for i in range(len(drafts) + 1)])
+    def verify(self, logits: torch.Tensor, drafts: tuple[int, ...], params: SamplingParams, position: int
+               ) -> tuple[int, int]:
+        """``(accepted, token)`` for ``k`` drafts: ``logits [k + 1, vocab]`` from the last committed token on."""
+        out = self.sample_all(logits, [SampleRequest(-1, params, position, tuple(drafts))])
+        return out.accepted[0], out.tokens[0]
 
     @staticmethod
     def logprobs(logits: torch.Tensor, params: SamplingParams, token: int) -> TokenLogprobs | None:
-        """The log-probabilities ``params.logprobs`` asks for (None when it does not)."""
+        """The log-probabilities ``params.logprobs`` asks for of one row (None when it does not)."""
         if params.logprobs is None:
             return None
         chosen, top = token_logprobs(logits, token, params.logprobs)
         return TokenLogprobs(token, chosen, top)
 
-    def _banned(self, params: SamplingParams) -> tuple[int, ...]:
-        if params.min_tokens <= 0:
-            return ()
-        return tuple(params.stop_token_ids) + (() if self._eos is None else (self._eos,))
-
-    def _generator(self, params: SamplingParams, position: int) -> torch.Generator:
-        if params.seed is None:
-            return self._shared
-        return torch.Generator(device=self.device).manual_seed((params.seed * 1_000_003 + position) % (1 << 63))
-
     @staticmethod
     def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        """The distribution a token is drawn from: softmax of ``logits [vocab]`` (already divided by the
-        temperature) restricted to the ``top_k`` largest, then to the tokens at least ``min_p`` times as
-        likely as the most likely one, then to the smallest most-likely set whose mass reaches ``top_p``;
-        renormalised after each filter. Only tensor operations: nothing is read back to the host."""
-        if params.top_k and params.top_k < logits.numel():
-            kth = torch.topk(logits, params.top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if params.min_p > 0.0:
-            probs = torch.where(probs >= params.min_p * probs.max(), probs, torch.zeros_like(probs))
-            probs = probs / probs.sum()
-        if params.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_p, 0) - sorted_p < params.top_p  # always keeps the most likely token
-            mask = torch.empty_like(keep).scatter_(0, order, keep)  # back to vocabulary order, no host read
-            probs = torch.where(mask, probs, torch.zeros_like(probs))
-            probs = probs / probs.sum()
-        return probs
+        """:func:`filtered_probs` of one row ``logits [vocab]`` (already divided by the temperature)."""
+        batch = RowBatch([SampleRequest(-1, params, 0)])
+        rows = batch.to_device(logits.device)
+        return filtered_probs(logits.float().unsqueeze(0), rows.top_k, rows.top_p, rows.min_p, batch)[0]
+
+
+def _to_host(values: torch.Tensor) -> list[float]:
+    """The step's one read-back: on a GPU a non-blocking copy into pinned memory, waited on by an event."""
+    if values.device.type != "cuda":
+        return values.tolist()
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return host.tolist()

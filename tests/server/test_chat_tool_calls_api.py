@@ -10,6 +10,7 @@ import json
 import pytest
 
 from atom.builtin_model import BUILTIN_MODEL_NAME as MODEL
+from atom.model_executor.sampler import StepSamples
 from support.dsv4_answers import D, invoke, param
 from support.server import start_server
 
@@ -34,13 +35,13 @@ def answering(srv, text, end=True):
     sampler = srv.engine.call_sync(lambda e: e.runner.sampler)
     produced: dict[int, int] = {}
 
-    def sample_all(logits, params, positions, seq_ids):
+    def sample_all(logits, requests):
         out = []
-        for sid in seq_ids:
-            k = produced.get(sid, 0)
-            produced[sid] = k + 1
+        for r in requests:
+            k = produced.get(r.seq_id, 0)
+            produced[r.seq_id] = k + 1
             out.append(script[min(k, len(script) - 1)])
-        return out
+        return StepSamples(out, [0] * len(out), [None] * len(out))
 
     sampler.sample_all = sample_all
     try:

@@ -11,7 +11,7 @@ import pytest
 from atom.builtin_model import BUILTIN_MODEL_NAME as MODEL
 from atom.entrypoints.dsv4_encoding import encode_messages
 from atom.model_engine.llm_engine import LLMEngine
-from atom.model_executor.sampler import Sampler
+from atom.model_executor.sampler import Sampler, StepSamples
 from support.server import start_server
 
 BOS, EOS, U, A = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
@@ -54,8 +54,9 @@ class Script:
         script = self
         add_request = LLMEngine.add_request
 
-        def sample_all(sampler, logits, params, positions, seq_ids):
-            return [script._next(sid) for sid in seq_ids]
+        def sample_all(sampler, logits, requests):
+            return StepSamples([script._next(r.seq_id) for r in requests], [0] * len(requests),
+                               [None] * len(requests))
 
         def recording_add_request(engine, prompt, params, request_id=None):
             script.prompts.append(list(prompt))
