@@ -112,7 +112,10 @@ class ModelRunner:
 
     def _commit(self, batch: ScheduledBatch, step: StepInputs, accepted: dict[int, int]) -> None:
         """Advance every layer's compressor state over the accepted drafts of the step just run."""
-        starts = [int(c) + item.num_committed for c, item in zip(step.cu_seqlens.tolist(), batch.seqs)]
+        starts, lo = [], 0
+        for item in batch.seqs:  # row offsets from the batch itself: no read of step.cu_seqlens
+            starts.append(lo + item.num_committed)
+            lo += item.num_tokens
         sub = row_subset(starts, [accepted.get(item.seq_id, 0) for item in batch.seqs],
                          [item.start_pos + item.num_committed for item in batch.seqs], self.device)
         self.model.commit(sub, step, self.tables)

@@ -18,7 +18,9 @@ After every step (:meth:`MtpDrafter.run`), for each request:
    position further each time. Those extra rows are written past the sequence's computed length:
    the next step's pass (1) overwrites them before any query reads them.
 
-Drafts are argmaxes, so they are deterministic (the rejection sampler treats them as one-hot
+Nothing is read back between the passes: each pass embeds the previous pass's argmax from the device,
+and all the drafts of the step come back in one read after the last pass. Drafts are argmaxes, so they
+are deterministic (the rejection sampler treats them as one-hot
 proposals). What they are never changes the output, only how many tokens a step yields.
 """
 
@@ -49,9 +51,12 @@ class MtpDrafter:
     def run(self, batch: ScheduledBatch, step: StepInputs, tables: PageTables, hidden: torch.Tensor,
             out: RunnerOutput) -> dict[int, tuple[int, ...]]:
         """Write the MTP rows of the step's kept positions and return each sampling request's drafts.
-        ``hidden [N, hc, dim]``: the main model's final stream of every row of the step."""
+        ``hidden [N, hc, dim]``: the main model's final stream of every row of the step. The drafts stay
+        on the device from one MTP pass to the next (each pass embeds the previous pass's argmax) and
+        come back to the host in one read at the end."""
         rows, next_ids, positions, slots, last = [], [], [], [], []
-        for item, lo in zip(batch.seqs, step.cu_seqlens.tolist()):
+        lo = 0
+        for item in batch.seqs:
             kept = item.num_committed + out.accepted.get(item.seq_id, 0)
             follow = out.sampled.get(item.seq_id, item.lookahead)  # a chunk that does not sample has a next token
             assert follow >= 0, f"request {item.seq_id}: no token follows its chunk"
@@ -61,31 +66,40 @@ class MtpDrafter:
             slots.extend([tables.row_of[item.seq_id]] * kept)
             if item.seq_id in out.sampled:
                 last.append((item.seq_id, len(rows) - 1))
+            lo += item.num_tokens
         dev = hidden.device
-        x, logits = self._forward(hidden[torch.tensor(rows, device=dev)], next_ids, positions, slots, step, tables,
-                                  [r for _, r in last])
-        drafts = {sid: [t] for (sid, _), t in zip(last, torch.argmax(logits, dim=-1).tolist())}
-        state = x[[r for _, r in last]]
-        pos = [positions[r] for _, r in last]
-        seq_slots = [slots[r] for _, r in last]
-        for _ in range(self.num_tokens - 1):  # recursive drafts on the MTP layer's own stream
-            keep = [i for i, p in enumerate(pos) if p + 1 < self.max_model_len]
+        head_rows = [r for _, r in last]
+        x, logits = self._forward(hidden[torch.tensor(rows, device=dev)],
+                                  torch.tensor(next_ids, dtype=torch.long, device=dev), positions, slots, step,
+                                  tables, head_rows)
+        base, seq_slots = [positions[r] for r in head_rows], [slots[r] for r in head_rows]
+        drafting, tokens = list(range(len(last))), torch.argmax(logits, dim=-1)
+        found = [(drafting, tokens)]  # (requests drafting at this depth, their tokens on the device)
+        state = x[torch.tensor(head_rows, dtype=torch.long, device=dev)]
+        for depth in range(1, self.num_tokens):  # recursive drafts on the MTP layer's own stream
+            keep = [j for j, i in enumerate(drafting) if base[i] + depth < self.max_model_len]
             if not keep:
                 break
-            ids = [drafts[last[i][0]][-1] for i in keep]
-            state, logits = self._forward(state[keep], ids, [pos[i] + 1 for i in keep], [seq_slots[i] for i in keep],
-                                          step, tables, list(range(len(keep))))
-            for i, t in zip(keep, torch.argmax(logits, dim=-1).tolist()):
-                drafts[last[i][0]].append(t)
-            last, pos, seq_slots = [last[i] for i in keep], [pos[i] + 1 for i in keep], [seq_slots[i] for i in keep]
+            sel = torch.tensor(keep, dtype=torch.long, device=dev)
+            drafting = [drafting[j] for j in keep]
+            state, logits = self._forward(state[sel], tokens[sel], [base[i] + depth for i in drafting],
+                                          [seq_slots[i] for i in drafting], step, tables, list(range(len(keep))))
+            tokens = torch.argmax(logits, dim=-1)
+            found.append((drafting, tokens))
+        values = torch.cat([t for _, t in found]).tolist()  # the drafts' one read-back
+        drafts: dict[int, list[int]] = {sid: [] for sid, _ in last}
+        k = 0
+        for drafting, _ in found:
+            for i in drafting:
+                drafts[last[i][0]].append(values[k])
+                k += 1
         return {sid: tuple(d) for sid, d in drafts.items()}
 
-    def _forward(self, h: torch.Tensor, next_ids: list[int], positions: list[int], slots: list[int],
+    def _forward(self, h: torch.Tensor, ids: torch.Tensor, positions: list[int], slots: list[int],
                  step: StepInputs, tables: PageTables, head_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MTP block over rows ``h [T, hc, dim]`` (token ``next_ids[t]`` follows position
+        """The MTP block over rows ``h [T, hc, dim]`` (token ``ids[t]``, a device tensor, follows position
         ``positions[t]``): ``(its output stream [T, hc, dim], logits of head_rows)``."""
         dev = h.device
-        ids = torch.tensor(next_ids, dtype=torch.long, device=dev)
         mtp_step = dataclasses.replace(step, token_ids=ids, positions=torch.tensor(positions, dtype=torch.long,
                                                                                    device=dev),
                                        token_slot=torch.tensor(slots, dtype=torch.int32, device=dev), committed=None)
