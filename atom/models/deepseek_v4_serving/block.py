@@ -3,7 +3,8 @@
 
 A block runs ``h [T, hc, d]`` (every row of the step) through mHC and the attention norm, the arena
 attention, mHC again, the FFN norm, the MoE and the last mHC fold: the reference block's math (the shared
-``hc_pre`` / ``hc_post`` / ``RMSNorm``), with the step's tensors in place of the explicit cache. With
+``hc_pre`` / ``RMSNorm``, and :func:`hc_post_accumulate`, the reference's ``hc_post`` without its
+``[T, 1 + hc, hc, d]`` fp32 temporary), with the step's tensors in place of the explicit cache. With
 ``cfg.batch_invariant`` the token-local parts run one row at a time (``map_rows``), as in the reference.
 """
 
@@ -14,12 +15,23 @@ import torch
 from atom.model_ops.step_inputs import PageTables, StepInputs
 from atom.models.deepseek_v4.block import BlockWeights, MTPWeights
 from atom.models.deepseek_v4.layers import map_rows
-from atom.models.deepseek_v4.mhc import hc_post
 
 from .attention import ArenaAttention
 from .moe import ServingMoE
 
-__all__ = ["ServingBlock", "ServingMTPBlock"]
+__all__ = ["ServingBlock", "ServingMTPBlock", "hc_post_accumulate"]
+
+
+def hc_post_accumulate(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+                       ) -> torch.Tensor:
+    """``h'_k = post_k * y + sum_j comb[j, k] * residual_j`` -> ``[T, hc, d]``, accumulated in one fp32
+    ``[T, hc, d]`` tensor term by term in the reference's order (post term first, then ``j = 0, 1, ...``),
+    so it equals the reference ``hc_post`` bit for bit without its ``[T, 1 + hc, hc, d]`` fp32 stack
+    (``(1 + hc) * hc`` stream-sized fp32 tensors: 20 for ``hc = 4``; here at most 2 at a time)."""
+    acc = post[:, :, None] * y.float()[:, None, :]
+    for j in range(residual.shape[1]):
+        acc += comb[:, j, :, None] * residual[:, j].float()[:, None, :]
+    return acc.to(residual.dtype)
 
 
 class ServingBlock(BlockWeights):
@@ -38,9 +50,9 @@ class ServingBlock(BlockWeights):
     def ffn_sublayer(self, a: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                      token_ids: torch.Tensor) -> torch.Tensor:
         """Token-local: fold the attention output ``a`` into the stream ``h``, then the FFN sub-layer."""
-        h = hc_post(a, h, post, comb)
+        h = hc_post_accumulate(a, h, post, comb)
         y, post, comb = self.hc_mix(h, "hc_ffn")
-        return hc_post(self.ffn(self.ffn_norm(y), token_ids), h, post, comb)
+        return hc_post_accumulate(self.ffn(self.ffn_norm(y), token_ids), h, post, comb)
 
     def forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
         """The new stream ``[T, hc, d]`` of the step's rows; writes their KV rows into the arena."""

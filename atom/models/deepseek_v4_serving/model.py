@@ -23,8 +23,10 @@ import torch
 from atom.kernels.backend import KernelSet
 from atom.model_ops.kv_views import KvViews
 from atom.model_ops.step_inputs import PageTables, RowSubset, StepInputs
+from atom.models.deepseek_v4.compressor import Compressor
 from atom.models.deepseek_v4.layers import map_rows
 from atom.models.deepseek_v4.model import ModelWeights
+from atom.models.deepseek_v4.moe import Gate
 from atom.models.deepseek_v4.rope import shared_rope_tables
 
 from .block import ServingBlock, ServingMTPBlock
@@ -57,11 +59,39 @@ class DeepseekV4ForServing(ModelWeights):
 
     def bind_arena(self, views: KvViews, kernels: KernelSet) -> None:
         """Run every layer (the MTP block included) on the arena ``views`` with ``kernels``' ops, and every
-        quantized Linear's GEMM and every MoE's routed experts with ``kernels``' implementations."""
+        quantized Linear's GEMM and every MoE's routed experts with ``kernels``' implementations; the
+        weights the forward computes with in fp32 are cast once here (:meth:`cast_fp32_weights`)."""
+        self.cast_fp32_weights()
         self.bind_kernels(kernels)
         for block in list(self.layers) + list(self.mtp):
             block.attn.bind_arena(views, kernels)
             block.ffn.bind_kernels(kernels)
+
+    def cast_fp32_weights(self) -> None:
+        """Hold the router (``Gate.weight``) and compressor (``wkv`` / ``wgate``) weights in fp32: their
+        GEMMs run in fp32 (``weight.float()`` in the shared classes), which then returns the weight itself
+        instead of copying it on every step. Same values, so the same results bit for bit."""
+        for module in self.modules():
+            if isinstance(module, Gate):
+                weights = [module.weight]
+            elif isinstance(module, Compressor):
+                weights = [module.wkv.weight, module.wgate.weight]
+            else:
+                continue
+            for w in weights:
+                if w.is_floating_point() and w.dtype != torch.float32:
+                    w.data = w.data.float()
+
+    def logits(self, collapsed: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of ``[T, dim]`` rows. On a GPU with a bf16 / fp16 head: one GEMM in the head's dtype
+        with fp32 accumulation and fp32 output (no fp32 copy of the head per step; the products of
+        bf16 values are exact in fp32, only the accumulation order differs from the reference). Elsewhere
+        (the CPU, fp32 weights) the reference's fp32 GEMM, so the engine's logits stay comparable
+        with the reference model's exactly."""
+        w = self.head.weight
+        if w.device.type != "cuda" or w.dtype not in (torch.bfloat16, torch.float16):
+            return super().logits(collapsed)
+        return self.comm.all_gather(torch.mm(collapsed.to(w.dtype), w.t(), out_dtype=torch.float32), dim=-1)
 
     def forward(self, step: StepInputs, tables: PageTables, *, all_rows: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
