@@ -42,6 +42,7 @@ __all__ = ["MODELS", "Geometry", "Variant", "variants", "compile_variant", "main
 MODELS = {"flash": "deepseek_v4_flash", "pro": "deepseek_v4_pro"}
 HW_FAMILIES = ("attention", "indexer", "gemm", "moe")  # must use tensor cores and keep 2 blocks per SM / CU
 DECODE_TOKENS = 64  # the decode batch the report compiles at (M of the GEMMs besides M = 1)
+PREFILL_TOKENS = 2048  # the prefill chunk of the fused MoE variants (its row tile follows pairs per expert)
 ROWS = 256  # rows of every arena view and state pool (a runtime argument: it does not change the code)
 
 
@@ -62,6 +63,8 @@ class Geometry:
     moe_inter: int
     hc: int
     hca_ratio: int
+    experts: int
+    topk: int
 
     @classmethod
     def from_preset(cls, model: str) -> "Geometry":
@@ -71,7 +74,8 @@ class Geometry:
         ratios = [r for r in d["compress_ratios"] if r and r != CSA_RATIO]
         return cls(model, d["num_attention_heads"], d["head_dim"], d["qk_rope_head_dim"], d["sliding_window"],
                    d["index_n_heads"], d["index_head_dim"], d["index_topk"], d["hidden_size"], d["q_lora_rank"],
-                   d["moe_intermediate_size"], d["hc_mult"], max(ratios))
+                   d["moe_intermediate_size"], d["hc_mult"], max(ratios), d["n_routed_experts"],
+                   d["num_experts_per_tok"])
 
     @property
     def row_codec(self) -> Fp8DsMlaLayout:
@@ -112,10 +116,24 @@ def _u8(*shape: int) -> torch.Tensor:
     return torch.zeros(shape, dtype=torch.uint8)
 
 
+def _stacked_experts(g: Geometry, fmt: str) -> tuple[torch.Tensor, ...]:
+    """``(w1, w3, w2, s1, s3, s2)`` of ``g.experts`` experts in ``fmt`` as views of one expert's storage
+    (stride 0 over the experts: the launch shapes without the memory)."""
+    def one(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if fmt == "fp8":
+            w = torch.zeros(1, n, k, dtype=torch.float8_e4m3fn)
+            s = torch.zeros(1, -(-n // 128), -(-k // 128), dtype=torch.float8_e8m0fnu)
+        else:
+            w, s = torch.zeros(1, n, k // 2, dtype=torch.uint8), torch.zeros(1, n, k // 32, dtype=torch.float8_e8m0fnu)
+        return w.expand(g.experts, -1, -1), s.expand(g.experts, -1, -1)
+    (w1, s1), (w3, s3), (w2, s2) = one(g.moe_inter, g.hidden), one(g.moe_inter, g.hidden), one(g.hidden, g.moe_inter)
+    return w1, w3, w2, s1, s3, s2
+
+
 def variants(g: Geometry) -> list[Variant]:
     """Every kernel variant the engine launches at ``g``'s shapes (decode batch :data:`DECODE_TOKENS`)."""
-    from . import (compressed_write, compressor_state, entry_pool, fp8_ds_mla, fp8_gemm, fp8_index_key, hc_sinkhorn,
-                   hca_state, index_score, mxfp4_gemm, paged_index, sparse_attention, swa_write)
+    from . import (compressed_write, compressor_state, entry_pool, fp8_ds_mla, fp8_gemm, fp8_index_key, fused_moe,
+                   hc_sinkhorn, hca_state, index_score, mxfp4_gemm, paged_index, sparse_attention, swa_write)
     t, rc, kc = DECODE_TOKENS, g.row_codec, g.key_codec
     seqs, cu, start = _i32(t), torch.arange(t + 1, dtype=torch.int32), _i32(t)
     main_rows, key_rows = _u8(ROWS, rc.row_bytes), _u8(ROWS, kc.row_bytes)
@@ -152,6 +170,12 @@ def variants(g: Geometry) -> list[Variant]:
         add("moe", f"mxfp4_gemm expert w1 M={m} N={g.moe_inter} K={g.hidden}", lambda m=m: mxfp4_gemm.mxfp4_gemm(
             _bf16(m, g.hidden), _u8(g.moe_inter, g.hidden // 2),
             torch.zeros(g.moe_inter, g.hidden // 32, dtype=torch.float8_e8m0fnu)))
+    for fmt in ("mxfp4", "fp8"):
+        for m in (t, PREFILL_TOKENS):
+            add("moe", f"fused_moe {fmt} T={m} E={g.experts} k={g.topk} I={g.moe_inter} D={g.hidden}",
+                lambda fmt=fmt, m=m: fused_moe.fused_moe(
+                    _bf16(m, g.hidden), _f32(m, g.topk), _i32(m, g.topk), *_stacked_experts(g, fmt),
+                    limit=10.0, act_blocks=(128, 128)))
     add("kv write", "swa_write fp8_ds_mla", lambda: swa_write.swa_write(
         _bf16(t, g.head_dim), main_rows, table, seqs, start, block_size=128, row_stride=128, codec=rc))
     add("kv write", "compressed_write fp8_ds_mla", lambda: compressed_write.compressed_write(

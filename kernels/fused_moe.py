@@ -331,8 +331,19 @@ def moe_tiles(pairs: int, num_experts: int, device: torch.device) -> tuple[int, 
     return bm, t.moe_bn, t.moe_bk
 
 
-def _strides(w: torch.Tensor, s: torch.Tensor | None) -> tuple[torch.Tensor, int, int]:
-    s8 = w.new_zeros(1, 1, 1, dtype=torch.uint8) if s is None else s.contiguous().view(torch.uint8)
+def _inner_contiguous(t: torch.Tensor, twin: torch.Tensor) -> torch.Tensor:
+    """``t`` as the kernel reads it: unit inner stride and the strides of ``twin`` (``w1`` / ``w3`` share
+    theirs); a contiguous copy otherwise. Stacks with stride 0 over the experts (the compile report's
+    launch shapes) are kept as they are."""
+    return t if t.stride(-1) == 1 and t.stride() == twin.stride() else t.contiguous()
+
+
+def _strides(s: torch.Tensor | None, twin: torch.Tensor | None,
+             device: torch.device) -> tuple[torch.Tensor, int, int]:
+    """The scales as ``uint8`` bits with their expert and row strides (a dummy for dense experts)."""
+    if s is None:
+        return torch.zeros(1, 1, 1, dtype=torch.uint8, device=device), 0, 0
+    s8 = _inner_contiguous(s, s if twin is None else twin).view(torch.uint8)
     return s8, s8.stride(0), s8.stride(1)
 
 
@@ -355,8 +366,9 @@ def fused_moe(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w
     h = torch.empty(pairs, i, dtype=x.dtype, device=x.device)
     bm, bn, bk = moe_tiles(pairs, e, x.device)
     row_tiles = triton.cdiv(pairs, bm) + min(e, pairs)
-    w1c, w3c, w2c = w1.contiguous(), w3.contiguous(), w2.contiguous()
-    (s1c, se1, sn1), (s3c, _, _), (s2c, se2, sn2) = _strides(w1c, s1), _strides(w3c, s3), _strides(w2c, s2)
+    w1c, w3c, w2c = _inner_contiguous(w1, w3), _inner_contiguous(w3, w1), _inner_contiguous(w2, w2)
+    (s1c, se1, sn1), (s3c, _, _), (s2c, se2, sn2) = (_strides(s1, s3, x.device), _strides(s3, s1, x.device),
+                                                        _strides(s2, s2, x.device))
     rw = route_w.contiguous()
     x = x.contiguous()
     common = dict(TOPK=k, FMT=_FMT_CODE[fmt], BM=bm, BN=bn, BK=bk, E_PAD=next_pow2(e + 1),

@@ -65,13 +65,13 @@ TILES: dict[str, Tiles] = {
     # of the key list until 264 programs: 2 blocks on each of an H100 / H200's 132 SMs.
     "cuda": Tiles(copy_rows=16, copy_width=512, entry_pool_width=64, codec_rows=16, index_tokens=16,
                   index_width=128, attn_heads=16, attn_rows=16, attn_warps=4, attn_split_below=264,
-                  score_rows=32, gemm_bn=64, gemm_bk=128, sinkhorn_tokens=16, moe_bm=64, moe_bn=64, moe_bk=128,
+                  score_rows=32, gemm_bn=64, gemm_bk=128, sinkhorn_tokens=16, moe_bm=16, moe_bn=32, moe_bk=128,
                   native_bf16_dot=True),
     # gfx942 / gfx950: 2 waves per attention block keep 2 blocks per CU on both (with 4 waves gfx950 needs
     # 256 VGPRs + AGPRs: 1 block per CU). 608 programs: 2 blocks on each of an MI300X's 304 CUs.
     "hip": Tiles(copy_rows=16, copy_width=512, entry_pool_width=64, codec_rows=16, index_tokens=16,
                  index_width=128, attn_heads=16, attn_rows=16, attn_warps=2, attn_split_below=608,
-                 score_rows=32, gemm_bn=64, gemm_bk=128, sinkhorn_tokens=16, moe_bm=64, moe_bn=64, moe_bk=128,
+                 score_rows=32, gemm_bn=64, gemm_bk=128, sinkhorn_tokens=16, moe_bm=16, moe_bn=64, moe_bk=128,
                  native_bf16_dot=True),
 }
 
