@@ -10,6 +10,7 @@ may be recorded in CUDA graphs from the model's declaration; it holds no schedul
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 
@@ -22,6 +23,7 @@ from atom.model_ops.kv_views import bind_kv_arena
 from atom.spec_decode.mtp_draft import MtpDrafter
 from atom.model_executor.decode_graphs import GRAPH_MODES, DecodeSteps
 from atom.model_executor.sampler import Sampler
+from atom.model_executor.step_thread import ReadyOutput, StepThread
 from atom.model_ops.decode_buffers import DecodeBuffers
 from atom.model_ops.step_inputs import PageTables, StepInputs, build_step_inputs, row_subset
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
@@ -42,12 +44,15 @@ class ModelRunner:
     ``graph_mode``: how plain decode steps run (:mod:`decode_graphs`): ``eager`` (fresh inputs every
     step), ``padded`` (bucketed preallocated inputs, eager) or ``graph`` (those inputs, replayed from
     CUDA graphs; a GPU); only ``eager`` with speculative decoding (every step then drafts).
+    ``step_thread``: :meth:`launch` runs steps on a thread of their own (:mod:`step_thread`), so the
+    engine schedules the next step while one runs; None = on a GPU only (on the CPU torch runs each op
+    before returning, and a launched step then runs at launch, its output applied when asked for).
     """
 
     def __init__(self, model: DeepseekV4ForServing, layout: KvLayout, *, max_model_len: int, seed: int = 0,
                  poison: bool = False, kernel_backend: str | None = None, keep_logits: bool = False,
                  eos_token_id: int | None = None, value_checks: bool = False, speculative_num_tokens: int = 0,
-                 graph_mode: str = "eager") -> None:
+                 graph_mode: str = "eager", step_thread: bool | None = None) -> None:
         if not isinstance(model, DeepseekV4ForServing):
             raise TypeError(f"ModelRunner runs the serving model (DeepseekV4ForServing), got {type(model).__name__}; "
                             "load it with load_checkpoint(..., model_class=DeepseekV4ForServing)")
@@ -65,6 +70,16 @@ class ModelRunner:
             raise ValueError(f"graph_mode={graph_mode!r} runs plain decode steps only; speculative decoding "
                              "needs graph_mode='eager'")
         self.decode = self._decode_steps(graph_mode, layout.max_live_requests, max_model_len)
+        use_thread = self.device.type != "cpu" if step_thread is None else step_thread
+        self._thread = StepThread() if use_thread else None
+
+    def launch(self, batch: ScheduledBatch) -> concurrent.futures.Future | ReadyOutput:
+        """Start ``batch``: the handle's ``result()`` waits for its :class:`RunnerOutput` (and raises
+        what :meth:`execute` raised). Launch the next step only after that result: steps share the
+        runner's tables, sampler and arena."""
+        if self._thread is None:
+            return ReadyOutput(self.execute(batch))
+        return self._thread.submit(self.execute, batch)
 
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
