@@ -276,6 +276,9 @@ class CacheConfig:
     come from the environment through :meth:`from_env` (``ATOM_SWA_FULL_RETAIN``,
     ``ATOM_SWA_RETENTION_INTERVAL``, ``ATOM_SWA_PIN_FRACTION``) and are plain fields afterwards.
     ``kv_cache_dtype`` picks the row format stored in the arena (:data:`KV_CACHE_DTYPES`).
+    ``gpu_memory_utilization`` (a fraction in (0, 1], None = off): on a GPU, size the arena from what the
+    device has left after the weights and a profiled step (``atom/model_executor/memory_profile.py``)
+    instead of ``kv_cache_bytes``.
     """
 
     kv_cache_bytes: int = 1 << 30
@@ -288,9 +291,14 @@ class CacheConfig:
     packing_target: float = 0.985
     max_chunk_pages: int = 8
     kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float | None = None
 
     def __post_init__(self) -> None:
         require_int("kv_cache_bytes", self.kv_cache_bytes, 1)
+        f = self.gpu_memory_utilization
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0):
+            raise ValueError(f"gpu_memory_utilization={f!r} must be a fraction in (0, 1] (or None: size the arena "
+                             "with kv_cache_bytes)")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}; accepted: {', '.join(KV_CACHE_DTYPES)}")
         require_int("block_size", self.block_size, 0, note="0 = the model's own")

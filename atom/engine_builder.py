@@ -6,12 +6,13 @@ them; nothing here knows about model families beyond loading a DeepSeek-V4 check
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
 from atom import envs
-from atom.config import EngineConfig
+from atom.config import CacheConfig, EngineConfig
 from atom.kv.block_manager import BlockManager
 from atom.spec_decode.draft_source import DraftSource, RunnerDrafts
 from atom.kv.kv_layout import KvLayout, plan_kv_layout
@@ -39,8 +40,7 @@ def describe_kv(layout: KvLayout) -> str:
 
 def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_backend: str | None = None,
                  batch_invariant: bool = False, poison: bool | None = None, quant_sim: bool | None = None,
-                 rank_group: Any = None, value_checks: bool = False, drafter: DraftSource | None = None,
-                 step_thread: bool | None = None) -> LLMEngine:
+                 rank_group: Any = None, value_checks: bool = False, drafter: DraftSource | None = None) -> LLMEngine:
     """An :class:`LLMEngine` serving ``config.model.path`` (None: the built-in tiny model).
 
     The serving model (:class:`DeepseekV4ForServing`; the reference model is never built here) is loaded
@@ -49,8 +49,7 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     drafts with it. ``drafter`` replaces the MTP drafts as the scheduler's draft source (tests: a
     replayed oracle or an always-wrong draft). ``poison`` fills the arena with NaN
     (default: the ``ATOM_DEBUG_NAN_ARENA`` flag); ``value_checks`` runs the kernels' value checks inside
-    every step (tests; they sync the device). ``step_thread``: whether the runner runs launched steps
-    on a thread of its own (``ModelRunner``; None = on a GPU only).
+    every step (tests; they sync the device).
     ``quant_sim`` (when given) overrides ``config.model.quant_sim``: it runs
     the model's FP8/FP4 activation round-trips (with fp8 rows the engine then computes what the
     reference model with ``quant_sim`` computes). The arena's row format comes from
@@ -67,6 +66,10 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
 
     env = envs.load()
     mc = config.model
+    if config.cache.gpu_memory_utilization is not None and (
+            config.parallel.world_size > 1 or resolve_device(mc.device).type == "cpu"):
+        raise ValueError("--gpu-memory-utilization profiles one GPU's memory; on the CPU (or with tensor "
+                         "parallelism) size the arena with --kv-cache-memory")
     path = mc.path
     model_dir = resolve_model_dir(path) if path else ensure_builtin_model()
     tokenizer = Tokenizer.from_dir(model_dir)
@@ -90,6 +93,7 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
                         batch_invariant=batch_invariant, device=device_type, eos_token_id=tokenizer.eos_token_id,
                         quant_sim=quant_sim)
         runner = start_parallel_runner(spec, keep_logits=keep_logits, group=rank_group)
+        cache = config.cache
     else:
         device = resolve_device(mc.device)
         model = load_checkpoint(model_dir, dtype=resolve_dtype(mc.dtype, device), device=device, load_mtp=num_spec > 0,
@@ -101,18 +105,35 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
                                         quantized="quantization_config" in model.cfg.extra)
         # the MTP layer's KV only when it drafts
         spec = model.cfg.kv_spec(row_format, include_mtp=num_spec > 0, block_size=config.cache.block_size)
-        layout = plan_kv_layout(spec, config.cache, config.scheduler)
         # speculative steps draft after every step, so they run eagerly
         mode = serving_graph_mode(model, enforce_eager=mc.enforce_eager or num_spec > 0, keep_logits=keep_logits,
                                   value_checks=value_checks)
+        cache = _profiled_cache(model, spec, config, graphs=mode == "graph", kernel_backend=kernel_backend)
+        layout = plan_kv_layout(spec, cache, config.scheduler)
         runner = ModelRunner(model, layout, max_model_len=max_model_len, seed=mc.seed, poison=poison,
                              kernel_backend=kernel_backend, keep_logits=keep_logits,
                              eos_token_id=tokenizer.eos_token_id, value_checks=value_checks,
-                             speculative_num_tokens=num_spec, graph_mode=mode, step_thread=step_thread)
+                             speculative_num_tokens=num_spec, graph_mode=mode)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model_cfg.vocab_size}")
-    bm = BlockManager(layout, config.cache, mtp_rows=num_spec > 0)  # the MTP layer writes rows only when it drafts
+    bm = BlockManager(layout, cache, mtp_rows=num_spec > 0)  # the MTP layer writes rows only when it drafts
     scheduler = Scheduler(config.scheduler, bm, eos_token_id=tokenizer.eos_token_id,
                           drafter=drafter if drafter is not None else RunnerDrafts())
     name = mc.served_model_name or (Path(path).name if path else "atom-tiny-dsv4")
     return LLMEngine(scheduler, runner, tokenizer, model_name=name, max_model_len=max_model_len)
+
+def _profiled_cache(model: DeepseekV4ForServing, spec: Any, config: EngineConfig, *, graphs: bool,
+                    kernel_backend: str | None) -> CacheConfig:
+    """``config.cache``, with ``kv_cache_bytes`` from the profiled GPU memory split when
+    ``--gpu-memory-utilization`` is set (the split printed to stderr)."""
+    if config.cache.gpu_memory_utilization is None:
+        return config.cache
+    from atom.model_executor.memory_profile import gpu_memory_split
+
+    def runner(m: DeepseekV4ForServing, layout: KvLayout, *, max_model_len: int) -> ModelRunner:
+        return ModelRunner(m, layout, max_model_len=max_model_len, kernel_backend=kernel_backend)
+
+    split = gpu_memory_split(model, spec, config.cache, config.scheduler, config.cache.gpu_memory_utilization,
+                             graphs, runner)
+    print(split.describe(), file=sys.stderr)
+    return dataclasses.replace(config.cache, kv_cache_bytes=split.kv_bytes)

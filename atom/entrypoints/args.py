@@ -48,6 +48,17 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _fraction(text: str) -> float:
+    """A number in (0, 1] (``--gpu-memory-utilization``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; expected a fraction in (0, 1]") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is outside (0, 1]")
+    return value
+
+
 def _int_at_least(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -115,6 +126,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "speculative decoding never overlap; default: overlap on)")
     parser.add_argument("--kv-cache-memory", type=_size_arg, default=dc.kv_cache_bytes, metavar="SIZE",
                         help="bytes for the KV arena, e.g. 2GiB or 512MiB (default: 1GiB)")
+    parser.add_argument("--gpu-memory-utilization", type=_fraction, default=dc.gpu_memory_utilization,
+                        metavar="F", help="on a GPU: give the KV arena F x the device's memory minus the weights, "
+                                          "a profiled step's peak and the CUDA-graph pool (printed at start-up), "
+                                          "instead of --kv-cache-memory; F in (0, 1] (default: off)")
     parser.add_argument("--block-size", type=_nonneg_int, default=dc.block_size,
                         help="tokens per KV block; 0 = the model's own (default: %(default)s)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
@@ -199,7 +214,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                                   speculative_num_tokens=args.speculative_num_tokens, overlap=args.overlap),
         cache=CacheConfig.from_env(envs.load(), kv_cache_bytes=args.kv_cache_memory, block_size=args.block_size,
                                    enable_prefix_caching=args.enable_prefix_caching,
-                                   kv_cache_dtype=args.kv_cache_dtype),
+                                   kv_cache_dtype=args.kv_cache_dtype,
+                                   gpu_memory_utilization=args.gpu_memory_utilization),
         parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size,
                                 enable_expert_parallel=args.enable_expert_parallel,
                                 distributed_executor_backend=args.distributed_executor_backend))
