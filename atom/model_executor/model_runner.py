@@ -79,7 +79,15 @@ class ModelRunner:
         runner's tables, sampler and arena."""
         if self._thread is None:
             return ReadyOutput(self.execute(batch))
-        return self._thread.submit(self.execute, batch)
+        return self._thread.submit(self._execute_on_device, batch)
+
+    def _execute_on_device(self, batch: ScheduledBatch) -> RunnerOutput:
+        """:meth:`execute` on the step thread, with the runner's GPU current there (events, graphs and
+        streams follow the current device, which a new thread does not inherit)."""
+        if self.device.type != "cuda":
+            return self.execute(batch)
+        with torch.cuda.device(self.device):
+            return self.execute(batch)
 
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
