@@ -71,18 +71,28 @@ class Indexer(nn.Module):
 
     @staticmethod
     def select_scores(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> torch.Tensor:
-        """The picks of ``select_all`` from the scores ``[T, N]`` of every query's candidates (entry order)."""
-        n = scores.shape[1]
+        """The picks of ``select_all`` from the scores ``[T, N]`` of every query's candidates (entry order).
+
+        The picks of :meth:`select` per row, found by a select instead of two sorts: ``torch.topk`` gives each
+        row's k-th largest visible score; every entry above it is picked, and of the entries equal to it the
+        lowest ones fill the remaining places (ties to the lower index); each picked entry lands at its rank
+        among the row's picks (a running count), so the row comes out ascending and -1 padded."""
+        t, n = scores.shape
+        k = min(topk, n)
+        out = torch.full((t, topk + 1), -1, dtype=torch.int32, device=scores.device)
+        if k == 0:
+            return out[:, :topk].contiguous()
         entry = torch.arange(n, device=scores.device)
         ok = entry[None, :] < visible[:, None]
         scores = torch.where(ok, scores, float("-inf"))
-        order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, : min(topk, n)]
-        picked = torch.where(order < visible[:, None], order, n)  # n sorts after every real entry
-        picked = torch.sort(picked, dim=1).values
-        picked = torch.where(picked == n, -1, picked).to(torch.int32)
-        if picked.shape[1] < topk:
-            picked = torch.cat((picked, picked.new_full((picked.shape[0], topk - picked.shape[1]), -1)), dim=1)
-        return picked
+        kth = torch.topk(scores, k, dim=1).values[:, -1:]
+        above = ok & (scores > kth)
+        tied = ok & (scores == kth)
+        room = k - above.sum(dim=1, keepdim=True)
+        picked = above | (tied & (tied.cumsum(dim=1) <= room))
+        place = torch.where(picked, picked.cumsum(dim=1) - 1, topk)  # unpicked entries go to the spare column
+        out.scatter_(1, place, entry.to(torch.int32)[None, :].expand(t, n))
+        return out[:, :topk].contiguous()
 
     def select_chunk(self, q: torch.Tensor, w: torch.Tensor, positions: torch.Tensor,
                      keys: torch.Tensor) -> list[torch.Tensor]:

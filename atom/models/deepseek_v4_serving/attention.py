@@ -178,17 +178,18 @@ class ArenaAttention(AttentionWeights):
         """Write the rows ``sub`` selects (all rows of the step: None) into the CSA ring, and capture the
         block-final overlap rows among them into their SWA pages."""
         kv, score = rows[0].contiguous(), rows[1].contiguous()
-        cu, start = step.cu_seqlens, step.pos_start
+        cu, start, longest = step.cu_seqlens, step.pos_start, step.max_len
         if sub is not None:
             if sub.max_len == 0:
                 return
-            kv, score, cu, start = kv[sub.rows], score[sub.rows], sub.cu_seqlens, sub.pos_start
+            kv, score, cu, start, longest = kv[sub.rows], score[sub.rows], sub.cu_seqlens, sub.pos_start, sub.max_len
         state = self.views.state[self.layer_id] if which == "main" else self.views.index_state[self.layer_id]
         zero_ape = torch.zeros_like(comp.ape)  # the projected score rows already include ape[pos % m]
         self.k.compressor_state_update(kv, score, zero_ape, state[0], state[1], step.slots, cu, start)
         csa = self.views.csa[self.layer_id]
         dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
-        swa_pages = step.derive(("swa_table_rows",), lambda: tables.swa[step.rows.long()])
+        window = lambda: _table_window(tables.swa, step.rows, start, longest, self.block_size)  # noqa: E731
+        swa_pages, start = window() if sub is not None else step.derive(("capture_window", self.block_size), window)
         self.k.csa_boundary_capture(kv, score, zero_ape, dst[0], dst[1], swa_pages, cu, start,
                                     block_size=self.block_size)
 
@@ -271,6 +272,21 @@ def _entry_rows(comp: Compressor, step: StepInputs, ent: EntryList) -> tuple[tor
     fresh_row = torch.where(fresh, first + pos - start, -1).to(torch.int32)
     ring_row = torch.where(fresh | pad | ~live, -1, slot * comp.ring_size + pos % comp.ring_size).to(torch.int32)
     return fresh_row, ring_row, col
+
+
+def _table_window(table: torch.Tensor, rows: torch.Tensor, start: torch.Tensor, longest: int,
+                  block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columns of ``table`` (rows ``rows``) that chunks of up to ``longest`` tokens starting at ``start``
+    can touch, as int32 ``[S, W]`` (-1 past the table), with the starts moved into the first column's block
+    (``start % block_size``). ``W`` follows ``longest``, never the table's width (``max_model_len``); a
+    shift by whole blocks keeps ``pos % block_size`` and ``pos % ratio`` (``block_size`` is a multiple of
+    every ratio), so a kernel that reads ``table[s, pos // block_size]`` sees the same pages."""
+    width = (longest + block_size - 2) // block_size + 1
+    first = start.long() // block_size
+    cols = first[:, None] + torch.arange(width, device=table.device)[None, :]
+    inside = cols < table.shape[1]
+    pages = table[rows.long()[:, None], cols.clamp(max=table.shape[1] - 1)]
+    return torch.where(inside, pages, -1), start - (first * block_size).to(start.dtype)
 
 
 def _values(x: torch.Tensor, rows: torch.Tensor, codec) -> torch.Tensor:

@@ -1,0 +1,66 @@
+"""Decode steps captured in CUDA graphs and replayed (emulated on the CPU by atom.testing.graph_emulation,
+through the runner's own graph code path) sample what eager decode samples, and a decode step's index
+widths and op shapes follow its context, not max_model_len."""
+
+import pytest
+import torch
+
+from atom.testing.graph_checks import decode_run, index_widths_and_shapes, thin_model
+from atom.testing.graph_emulation import EmulatedGraph, GraphCaptureError, cuda_graph_emulation
+
+
+@pytest.fixture(scope="module")
+def thin():
+    return thin_model()
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_64_decode_steps_replayed_from_captured_graphs_sample_the_eager_tokens_with_logits_within_1e_6(thin):
+    eager = decode_run(thin, "eager")
+    graph = decode_run(thin, "graph", emulate=True)
+    assert len(graph.buckets) >= 64 and {1, 2, 4, 6} <= set(graph.buckets)  # plain decode steps, bucket changes
+    assert graph.cached_tokens == eager.cached_tokens == 48  # the prefix hit
+    assert graph.preemptions == eager.preemptions > 0
+    assert [len(t) for t in graph.tokens] == [70, 8, 60, 50, 40, 30]  # the 8-token request finished early
+    assert graph.tokens == eager.tokens
+    assert len(graph.logits) == len(eager.logits)
+    for a, b in zip(graph.logits, eager.logits):
+        assert a.shape == b.shape
+        assert float((a - b).abs().max()) <= 1e-6 * float(b.abs().max())
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_a_decode_step_at_2k_context_has_the_same_index_widths_and_op_shapes_at_4k_and_1m_max_model_len(thin):
+    index_widths_and_shapes(thin, 4096, context=64)  # the first forward stacks the experts' weights once
+    for mode in ("padded", "eager"):
+        widths, ops = index_widths_and_shapes(thin, 4096, graph_mode=mode)
+        widths_1m, ops_1m = index_widths_and_shapes(thin, 1 << 20, graph_mode=mode)
+        assert widths == widths_1m == {4: 512, 16: 128}
+        assert len(ops) > 1000 and ops == ops_1m
+
+
+def test_an_emulated_graph_replays_its_captured_ops_reading_every_earlier_tensor_by_address():
+    x = torch.zeros(3)
+    before = x + 1  # computed before capture: not recomputed by a replay
+    graph = EmulatedGraph()
+    with cuda_graph_emulation():
+        assert torch.cuda.is_available()
+        with torch.cuda.graph(graph):
+            y = x * 2 + before
+    assert y.tolist() == [1.0, 1.0, 1.0]
+    x.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    before.fill_(5.0)  # an input read by address: the replay sees this
+    graph.replay()
+    assert y.tolist() == [7.0, 9.0, 11.0]
+
+
+def test_a_host_read_during_emulated_capture_is_refused():
+    graph = EmulatedGraph()
+    x = torch.ones(2)
+    with cuda_graph_emulation(), pytest.raises(GraphCaptureError, match="reads a device value back"):
+        with torch.cuda.graph(graph):
+            x.sum().item()
+    with pytest.raises(GraphCaptureError, match="before capture"):
+        EmulatedGraph().replay()
