@@ -175,8 +175,9 @@ class Scheduler:
             self._finishing.clear()
 
     def complete_ahead(self, batch: ScheduledBatch) -> ScheduledBatch:
-        """``batch`` (from :meth:`schedule_ahead`) once the step it followed was postprocessed: token
-        ids from the sequences (no placeholder left), without the requests that ended meanwhile, whose
+        """``batch`` (from :meth:`schedule_ahead`) once the step it followed was postprocessed: each
+        placeholder replaced by the sampled token (a request that sampled runs exactly that one token
+        next), without the requests that ended meanwhile, whose
         releases it carries (with the table deltas emitted since, theirs dropped)."""
         assert not self._pending, f"tokens of requests {sorted(self._pending)} are still pending"
         released, self._released = tuple(self._released), []
@@ -185,9 +186,10 @@ class Scheduler:
         for item in batch.seqs:
             if item.seq_id in gone:
                 continue
-            seq, end = self.by_id[item.seq_id], item.start_pos + item.num_committed
-            seqs.append(replace(item, token_ids=tuple(seq.token_ids[item.start_pos:end]) + item.drafts,
-                                lookahead=seq.token_ids[end] if end < len(seq) else -1))
+            if item.token_ids[-1] == PENDING:  # a request that sampled: its one token, the last it has
+                item = ScheduledSeq(item.seq_id, item.start_pos, (self.by_id[item.seq_id].token_ids[-1],), True,
+                                    item.state_slot, item.state_reset, item.restore_page, item.params, item.history)
+            seqs.append(item)
         updates = tuple(u for u in batch.table_updates + tuple(self.bm.take_updates()) if u.seq_id not in gone)
         return replace(batch, seqs=tuple(seqs), table_updates=updates, released_ids=batch.released_ids + released,
                        new_tables=tuple(t for t in batch.new_tables if t.seq_id not in gone))
