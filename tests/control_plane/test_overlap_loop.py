@@ -13,7 +13,7 @@ import random
 
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.sampling_params import SamplingParams
-from tests.support.control_plane import make_harness
+from support.control_plane import make_harness
 
 
 def _workload(seed: int) -> list[tuple[list[int], dict, int | None]]:
