@@ -119,7 +119,10 @@ def _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit: float, act_bloc
 def _permute(route_idx: torch.Tensor, num_experts: int, first_expert: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(order [T*k] int64, offsets [E+1])``: pairs sorted by expert (pairs of experts not held here last),
     ``offsets[e] .. offsets[e+1]`` the run of stacked expert ``e``; ``offsets[0] == 0``."""
-    key = route_idx.reshape(-1)
+    t, k = route_idx.shape
+    key = route_idx.new_empty(t * k)
+    key.view(t, k).copy_(route_idx)  # one copy whatever the strides (a column slice of the gate's sort is
+    # viewable as flat only at one token), so the ops do not depend on the batch
     if first_expert:
         key = key - first_expert
         key = key.masked_fill(key < 0, num_experts)  # another rank's expert: after every held one

@@ -111,11 +111,12 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
 
 
 def measured_step(model: DeepseekV4ForServing, prompts: list[list[int]], decode: bool,
-                  backend: str = "torch") -> tuple[ModelRunner, object]:
+                  backend: str = "torch", one_prefill: bool = False) -> tuple[ModelRunner, object]:
     """``(runner, batch)``: an engine on ``backend`` with ``prompts`` added and the step that decodes every
-    request (``decode``) or the first (prefill) step scheduled, ready to run with ``runner.execute``."""
+    request (``decode``) or the first (prefill) step scheduled, ready to run with ``runner.execute``.
+    ``one_prefill``: the token budget takes every prompt at once, so the decode is reached after one step."""
     longest = max(map(len, prompts))
-    budget = max(longest, len(prompts))
+    budget = sum(map(len, prompts)) if one_prefill else max(longest, len(prompts))
     engine = make_engine(model, len(prompts), longest + GREEDY.max_tokens, budget, backend)
     for p in prompts:
         engine.add_request(p, GREEDY)
@@ -207,7 +208,7 @@ def kernel_counts(kind: str, context: int, prefill: int) -> dict[str, int]:
              f"prefill{prefill}": ([prompt(prefill, 0)], False)}
     counts = {}
     for name, (prompts, decode) in cases.items():
-        runner, batch = measured_step(model, prompts, decode, backend="triton")
+        runner, batch = measured_step(model, prompts, decode, backend="triton", one_prefill=True)
         c = counted_forward(runner, batch, KernelCounter)
         counts[name] = c.total // n
         top = ", ".join(f"{op} {k // n}" for op, k in c.aten.most_common(6))
