@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol, Sequence as Seq
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence as Seq
 
 from atom.step_contract import RunnerOutput, ScheduledBatch
 from atom.output.request_text import RequestText
@@ -178,13 +178,16 @@ class LLMEngine:
         ahead = self.scheduler.schedule_ahead(batch)  # runs while the runner's step does
         outputs = self._ended_outputs()
         out = pending.result()
-        outputs = self._postprocess(batch, out, outputs)
-        ahead = self.scheduler.complete_ahead(ahead)
-        if ahead.seqs:
-            self._inflight = (ahead, self._launch(ahead))
-        else:
-            self.runner.execute(ahead)  # releases and table deltas must land
-        return EngineStep(batch, out, outputs)
+
+        def launch_next() -> None:
+            nonlocal ahead
+            ahead = self.scheduler.complete_ahead(ahead)
+            if ahead.seqs:
+                self._inflight = (ahead, self._launch(ahead))
+            else:
+                self.runner.execute(ahead)  # releases and table deltas must land
+
+        return EngineStep(batch, out, self._postprocess(batch, out, outputs, launch_next))
 
     def _launch(self, batch: ScheduledBatch) -> PendingOutput:
         launch = getattr(self.runner, "launch", None)
@@ -196,17 +199,28 @@ class LLMEngine:
         ended = (self._by_seq.get(seq.seq_id) for seq in self.scheduler.take_ended())
         return [self._finish_output(req) for req in ended if req is not None]
 
-    def _postprocess(self, batch: ScheduledBatch, out: RunnerOutput,
-                     outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """``outputs`` extended by the outputs of the requests ``batch`` advanced."""
+    def _postprocess(self, batch: ScheduledBatch, out: RunnerOutput, outputs: list[RequestOutput],
+                     launch_next: Callable[[], None] | None = None) -> list[RequestOutput]:
+        """``outputs`` extended by the outputs of the requests ``batch`` advanced, in batch order.
+        ``launch_next`` (overlapped steps) is called once the requests whose text can still end them
+        (stop strings) have theirs; the other requests' text is decoded while the next step runs."""
         results = self.scheduler.postprocess(batch, out)
-        for res in results:
-            req = self._by_seq.get(res.seq.seq_id)
-            if req is None:
-                continue
-            self._generation_tokens += len(res.new_tokens)
-            outputs.append(self._output(req, res.new_tokens, out.logprobs.get(res.seq.seq_id)))
+        reqs = [self._by_seq.get(res.seq.seq_id) for res in results]
+        built: list[RequestOutput | None] = [None] * len(results)
+        if launch_next is not None:
+            for i, (res, req) in enumerate(zip(results, reqs)):
+                if req is not None and req.text is not None and req.seq.params.stop and not res.finished:
+                    built[i] = self._result_output(req, res.new_tokens, out)
+            launch_next()
+        for i, (res, req) in enumerate(zip(results, reqs)):
+            if req is not None and built[i] is None:
+                built[i] = self._result_output(req, res.new_tokens, out)
+        outputs.extend(o for o in built if o is not None)
         return outputs
+
+    def _result_output(self, req: _Request, new_tokens: list[int], out: RunnerOutput) -> RequestOutput:
+        self._generation_tokens += len(new_tokens)
+        return self._output(req, new_tokens, out.logprobs.get(req.seq.seq_id))
 
     def _output(self, req: _Request, new_tokens: list[int], logprobs: TokenLogprobs | None) -> RequestOutput:
         """``new_tokens``: this step's tokens (several when drafts were accepted; such requests have no

@@ -407,11 +407,15 @@ class Scheduler:
         return None
 
     def finish_by_stop_string(self, seq: Sequence) -> None:
-        """The engine found a stop string in the text: end the request now."""
+        """The engine found a stop string in the text: end the request now (also one the ahead schedule
+        preempted while its token was in flight: it waits, holding nothing)."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self.bm.free(seq)
             self._released.append(seq.seq_id)
+            self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+        elif seq.status is SequenceStatus.WAITING and seq.num_output_tokens:
+            self.waiting.remove(seq)
             self._finish(seq, SequenceStatus.FINISHED_STOPPED)
 
     def _abort_outside_step(self, seq: Sequence) -> None:
