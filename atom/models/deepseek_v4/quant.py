@@ -18,12 +18,15 @@ used by references and tests (the model keeps its weights quantized).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from atom.kernels.quant_formats import (E2M1_VALUES, FP4_GROUP, FP8_MAX, e8m0_to_float, pow2_float, pow2_scale_exponent,
                                         unpack_fp4)
+
+from .device_constants import on_device
 
 FP4_MAX = 6.0
 
@@ -61,14 +64,14 @@ def fp4_encode(v: torch.Tensor) -> torch.Tensor:
 
     Magnitudes above 6 saturate to 6; ``-0.0`` and values that round to zero keep their sign bit."""
     a = v.float().abs()
-    bounds, up = _FP4_BOUNDS.to(v.device), _FP4_TIES_UP.to(v.device)
+    bounds, up = on_device(_FP4_BOUNDS, v.device), on_device(_FP4_TIES_UP, v.device)
     code = (a[..., None] > bounds).sum(-1) + ((a[..., None] == bounds) & up).sum(-1)
     return (code + 8 * torch.signbit(v.float()).long()).to(torch.uint8)
 
 
 def fp4_decode(code: torch.Tensor) -> torch.Tensor:
     """fp32 values of e2m1 codes (uint8 0..15)."""
-    return E2M1_VALUES.to(code.device)[code.long()]
+    return on_device(E2M1_VALUES, code.device)[code.long()]
 def kv_row_roundtrip(x: torch.Tensor, nope: int, block: int) -> torch.Tensor:
     """A KV row as the release stores it: FP8 round-trip of the first ``nope`` dims, bf16 round-trip of the rest."""
     return torch.cat((fp8_roundtrip(x[..., :nope], block), x[..., nope:].to(torch.bfloat16).to(x.dtype)), dim=-1)
@@ -99,10 +102,15 @@ def hadamard_matrix(n: int, device: torch.device | str | None = None) -> torch.T
     return (h / math.sqrt(n)).to(device)
 
 
+@functools.cache
+def _host_hadamard(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`hadamard_matrix` on the host in ``dtype``, built once per size (then copied to a device once)."""
+    return hadamard_matrix(n).to(dtype)
+
+
 def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
     """Rotate the last dim of ``x`` by the scaled Walsh-Hadamard matrix."""
-    h = hadamard_matrix(x.shape[-1], x.device).to(x.dtype)
-    return x @ h
+    return x @ on_device(_host_hadamard(x.shape[-1], x.dtype), x.device)
 
 
 # ----- weights --------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Iterator
 import torch
 
 from .config import DeepseekV4Config
+from .device_constants import on_device
 
 
 def _correction_dim(num_rotations: float, dim: int, base: float, max_seq_len: int) -> float:
@@ -71,7 +72,7 @@ def rope_tables(positions: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Ten
     key = (id(positions), id(freqs))
     if shared is not None and key in shared:
         return shared[key][2]
-    angles = positions.to(torch.float32)[:, None] * freqs.to(positions.device)[None, :]
+    angles = positions.to(torch.float32)[:, None] * on_device(freqs, positions.device)[None, :]
     cos, sin = torch.cos(angles), torch.sin(angles)
     tables = torch.stack((cos, cos), dim=-1).flatten(-2), torch.stack((-sin, sin), dim=-1).flatten(-2)
     if shared is not None:

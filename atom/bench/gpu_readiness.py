@@ -1,0 +1,181 @@
+"""Fake-device check: what one engine step would ask of a GPU, counted on a CPU-only machine.
+
+    python -m atom.bench.gpu_readiness [--cases NAME,NAME] [--stacks N]
+
+Builds thin DeepSeek-V4 models (:func:`atom.bench.forward.thin_config`: the real layer counts, compress
+ratios, heads, experts and top-k of V4-Flash / V4-Pro with small widths) in the release format (FP8
+linears, MXFP4 routed experts, ``quant_sim`` on, ``fp8_ds_mla`` KV rows), places their weights and arena
+on a ``cuda`` device of fake tensors (:mod:`atom.bench.fake_device`) and runs the engine's steps with the
+Triton kernel wrappers (checks, shapes and output allocation run; the launch itself is skipped). For the
+last step of each case it counts, inside ``ModelRunner.execute`` (tables, inputs, forward, sampling,
+drafting):
+
+* ``h2d``: blocking host-to-device copies; ``syncs``: device-to-host reads; ``data_dependent``: ops whose
+  output shape depends on values; each is a stream sync on a GPU and forbidden inside graph capture;
+* ``staged``: non-blocking host-to-device copies (the step's packed inputs from pinned memory) and
+  ``token_reads``: non-blocking reads (the sampled token ids into pinned memory), counted apart.
+
+Cases: decode at batch 1, 8 and 64 of Flash and Pro, a 2,048-token prefill chunk, a mixed step (one chunk
+and decodes), an MTP draft + verify step, decode with mixed sampling parameters (seeded, top-p, penalties,
+logit_bias, logprobs). ``--stacks N`` prints the N most frequent code sites of each counted kind.
+
+The last line is ``h2d=<int> syncs=<int> data_dependent=<int> graph_equal=<0|1>
+width_follows_context=<0|1>``: the first three summed over the cases; the last two are the results of the
+CUDA-graph capture emulation and of the index-width check (:func:`graph_checks`, run on the CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from atom.bench.fake_device import DeviceAccessCounter, fake_cuda, to_fake_cuda
+from atom.bench.forward import thin_config
+from atom.config import CacheConfig, SchedulerConfig
+from atom.kv.block_manager import BlockManager
+from atom.kv.kv_layout import plan_kv_layout
+from atom.model_engine.llm_engine import LLMEngine
+from atom.model_engine.scheduler import Scheduler
+from atom.model_executor.model_runner import ModelRunner
+from atom.models.deepseek_v4.checkpoint import release_format
+from atom.models.deepseek_v4.layers import Linear
+from atom.models.deepseek_v4.loader import _DEQUANT_ON_LOAD as DEQUANT_ON_LOAD
+from atom.models.deepseek_v4_serving import DeepseekV4ForServing
+from atom.sampling_params import SamplingParams
+from atom.spec_decode.draft_source import RunnerDrafts
+
+__all__ = ["CASES", "Case", "release_model", "run_case", "main"]
+
+GREEDY = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+MIXED = (
+    SamplingParams(max_tokens=64, temperature=0.8, seed=7, ignore_eos=True),
+    SamplingParams(max_tokens=64, temperature=1.0, top_p=0.9, top_k=20, ignore_eos=True),
+    SamplingParams(max_tokens=64, temperature=0.7, presence_penalty=0.5, frequency_penalty=0.3,
+                   repetition_penalty=1.2, ignore_eos=True),
+    SamplingParams(max_tokens=64, temperature=0.0, logit_bias=((5, 2.0), (9, -1.0)), ignore_eos=True),
+    SamplingParams(max_tokens=64, temperature=0.9, min_p=0.1, logprobs=3, ignore_eos=True),
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured step: ``model`` (flash / pro), the ``prompts`` lengths admitted first, how many steps run
+    before the measured one (``warm``), the sampling parameters (cycled over requests), the token budget
+    and the number of MTP drafts."""
+
+    name: str
+    model: str
+    prompts: tuple[int, ...]
+    warm: int
+    params: tuple[SamplingParams, ...] = (GREEDY,)
+    budget: int = 0
+    drafts: int = 0
+
+
+CASES = (
+    Case("flash decode b1", "flash", (40,), 1),
+    Case("flash decode b8", "flash", (40,) * 8, 1),
+    Case("flash decode b64", "flash", (40,) * 64, 1),
+    Case("flash prefill 2048", "flash", (2048,), 0, budget=2048),
+    Case("flash mixed", "flash", (40,) * 4 + (300,), 1, budget=4 * 40 + 100),
+    Case("flash mtp verify", "flash", (40,) * 4, 2, drafts=2),
+    Case("flash sampler mixed", "flash", (40,) * 10, 1, params=MIXED),
+    Case("pro decode b1", "pro", (40,), 1),
+    Case("pro decode b8", "pro", (40,) * 8, 1),
+    Case("pro decode b64", "pro", (40,) * 64, 1),
+)
+
+
+def release_model(kind: str, mode: FakeTensorMode, *, mtp: bool = False) -> DeepseekV4ForServing:
+    """The thin ``kind`` model in the release format (FP8 linears, MXFP4 routed experts, each Linear in the
+    format the loader gives a release checkpoint's tensor), ``quant_sim`` on, with fake weights on ``cuda``."""
+    cfg = thin_config(kind).replace(moe_inter_dim=32, n_mtp_layers=1 if mtp else 0, quant_sim=True)
+    model = DeepseekV4ForServing(cfg, device="meta")
+    for path, module in model.named_modules():
+        fmt = release_format(f"{path}.weight", fp8=True, fp4_experts=True)
+        if isinstance(module, Linear) and fmt != "dense" and not DEQUANT_ON_LOAD.search(path):
+            module.set_format(fmt, act_quant=True)
+    return to_fake_cuda(model, mode).eval()
+
+
+def _engine(model: DeepseekV4ForServing, case: Case, max_model_len: int) -> LLMEngine:
+    budget = case.budget or max(len(case.prompts) * (1 + case.drafts), 64)
+    cache = CacheConfig(kv_cache_bytes=64 << 20, enable_prefix_caching=False, kv_cache_dtype="fp8")
+    limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=len(case.prompts),
+                             max_model_len=max_model_len, speculative_num_tokens=case.drafts, overlap=False)
+    layout = plan_kv_layout(model.cfg.kv_spec("fp8_ds_mla", include_mtp=bool(case.drafts)), cache, limits)
+    sched = Scheduler(limits, BlockManager(layout, cache), eos_token_id=None,
+                      drafter=RunnerDrafts() if case.drafts else None)
+    runner = ModelRunner(model, layout, max_model_len=max_model_len, kernel_backend="triton",
+                         speculative_num_tokens=case.drafts)
+    return LLMEngine(sched, runner, max_model_len=max_model_len)
+
+
+def run_case(case: Case, model: DeepseekV4ForServing) -> DeviceAccessCounter:
+    """Run ``case`` on ``model`` (already on the fake device) and count its measured step."""
+    engine = _engine(model, case, 4096)
+    for i, n in enumerate(case.prompts):
+        engine.add_request([(37 * i + 11 * j) % 1000 + 2 for j in range(n)], case.params[i % len(case.params)])
+    for _ in range(case.warm):
+        engine.step()
+    counter = DeviceAccessCounter()
+    runner = engine.runner
+    execute = runner.execute
+
+    def counted(batch):
+        with counter:
+            return execute(batch)
+
+    runner.execute = counted
+    engine.step()
+    return counter
+
+
+def graph_checks() -> tuple[int, int]:
+    """(graph_equal, width_follows_context): :func:`atom.testing.graph_checks.graph_replay_equals_eager`
+    (decode steps replayed from emulated CUDA graphs sample the eager tokens, logits within 1e-6) and
+    :func:`~atom.testing.graph_checks.index_widths_follow_context` (a 2K-context decode step has the same
+    index widths and op shapes at max_model_len 4,096 and 1,048,576), both run on the CPU."""
+    from atom.testing.graph_checks import graph_replay_equals_eager, index_widths_follow_context
+
+    with torch.no_grad():
+        return int(graph_replay_equals_eager()), int(index_widths_follow_context())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--stacks", type=int, default=3, help="code sites printed per counted kind")
+    args = parser.parse_args(argv)
+    chosen = [c for c in CASES if not args.cases or c.name in args.cases.split(",")]
+    if not chosen:
+        parser.error(f"--cases {args.cases!r} names no case; cases: {', '.join(c.name for c in CASES)}")
+    models: dict[tuple[str, bool], DeepseekV4ForServing] = {}
+    totals: Counter[str] = Counter()
+    print(f"{'case':24s} {'h2d':>6s} {'syncs':>6s} {'data_dep':>8s} {'staged':>6s} {'token_rd':>8s}")
+    with fake_cuda() as mode, torch.no_grad():
+        for case in chosen:
+            key = (case.model, bool(case.drafts))
+            if key not in models:
+                models[key] = release_model(case.model, mode, mtp=bool(case.drafts))
+            counter = run_case(case, models[key])
+            c = counter.counts()
+            totals.update({k: c[k] for k in ("h2d", "syncs", "data_dependent")})
+            print(f"{case.name:24s} {c['h2d']:6d} {c['syncs']:6d} {c['data_dependent']:8d} {c['staged_h2d']:6d} "
+                  f"{c['token_reads']:8d}", flush=True)
+            for kind in ("h2d", "syncs", "data_dependent"):
+                for site, n in counter.sites(kind).most_common(args.stacks):
+                    print(f"    {kind:14s} {n:5d}  {site}")
+    graph_equal, widths = graph_checks()
+    print(f"h2d={totals['h2d']} syncs={totals['syncs']} data_dependent={totals['data_dependent']} "
+          f"graph_equal={graph_equal} width_follows_context={widths}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
