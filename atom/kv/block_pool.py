@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from itertools import groupby, repeat
+from operator import itemgetter
 from typing import Callable, Collection
 
 from atom.kv.page_map import LogicalPageMap, Owner
@@ -135,11 +136,9 @@ class BlockPool:
         if keep:
             kept = [bid for bid in gone if nodes[bid] is not None]
             if len(kept) < len(gone):
-                self._free_many([bid for bid in gone if nodes[bid] is None])
+                self._free_unpublished([bid for bid in gone if nodes[bid] is None])
             self._cached.update(zip(kept, repeat(None)))
-            counts = self._cached_in_chunk  # a request's pages come in runs of one chunk: one update a run
-            for chunk, run in groupby(map(self._chunk.__getitem__, kept)):
-                counts[chunk] += len(list(run))
+            self._count_cached(kept)
             if self.unlock_tokens is not None:  # only a valuing policy reads the age
                 at, clock = self.cached_at, self._clock
                 for bid in kept:
@@ -150,6 +149,24 @@ class BlockPool:
                 self._clock += len(kept)
         else:
             self._free_many(gone)
+
+    def _count_cached(self, kept: list[int]) -> None:
+        """Add the newly cached ``kept`` ids to the per-chunk counts. A request's pages come in runs
+        of a few chunks: the chunks are gathered in one C call and each distinct one counted with
+        ``tuple.count`` (a run-length pass when they are many)."""
+        if not kept:
+            return
+        counts = self._cached_in_chunk
+        if len(kept) == 1:
+            counts[self._chunk[kept[0]]] += 1
+            return
+        chunks = itemgetter(*kept)(self._chunk)
+        if len(chunks) <= 64:
+            for chunk in set(chunks):
+                counts[chunk] += chunks.count(chunk)
+        else:
+            for chunk, run in groupby(chunks):
+                counts[chunk] += len(tuple(run))
 
     def publish(self, block_id: int, node: PrefixNode) -> bool:
         """Publish a fully written block at its prefix node. False if the node already has a block
@@ -275,6 +292,10 @@ class BlockPool:
                 self.index.unref(node)
         while len(evicted) > _EVICTED_MEMORY:
             evicted.popitem(last=False)
+        self._free_unpublished(block_ids)
+
+    def _free_unpublished(self, block_ids: list[int]) -> None:
+        """Return the pages of blocks at ref 0 that hang on no prefix node to the arena."""
         self.arena.free(self.owner, block_ids)
         pages, captured = self.pages, self.captured
         for bid in block_ids:

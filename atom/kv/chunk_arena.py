@@ -188,8 +188,9 @@ class ChunkBackedFreeList:
             free_local = self._free_local.get(chunk)
             if free_local is None:
                 raise ArenaError(f"{self.name}: pages {locals_} of chunk {chunk}, which this owner does not hold")
-            if len(set(locals_)) != len(locals_) or not set(free_local).isdisjoint(locals_):
-                raise ArenaError(f"{self.name}: a page of chunk {chunk} freed twice")
+            if len(locals_) > 1 or free_local:  # (one page of a full chunk cannot be a double free)
+                if len(set(locals_).union(free_local)) != len(locals_) + len(free_local):
+                    raise ArenaError(f"{self.name}: a page of chunk {chunk} freed twice")
             used = ppc - len(free_local)
             if used < ppc:
                 del self._by_used[used][chunk]

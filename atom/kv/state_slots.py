@@ -41,14 +41,14 @@ class StatePages:
     def take(self, h: KvHoldings) -> None:
         """Give the request its state page; the caller made room (:class:`ArenaEmpty` if it did not)."""
         assert h.seq_id not in self._held, f"seq {h.seq_id} already holds state page {self._held[h.seq_id]}"
-        h.state_slot = self.arena.alloc(state=[h.seq_id])[STATE][0]
+        h.state_slot = self.arena.alloc_ids(STATE, [h.seq_id])[0]  # seq ids of live requests are distinct
         self._held[h.seq_id] = h.state_slot
 
     def give_back(self, h: KvHoldings) -> None:
         if h.state_slot < 0:
             return
         assert self._held.pop(h.seq_id, None) == h.state_slot, f"seq {h.seq_id}: state page not held"
-        self.arena.free(STATE, [h.seq_id])
+        self.arena.free(STATE, (h.seq_id,))
         h.state_slot = -1
 
     def check_integrity(self, holdings: list[KvHoldings]) -> None:
