@@ -161,7 +161,7 @@ class Sampler:
         accepted, tokens = accept_drafts(greedy, probs, noise, rows, batch.max_drafts)
         if batch.any_history:
             self._extend_history(rows, tokens, batch)
-        return self._read(logits, tokens, accepted, batch)
+        return self._read(logits, tokens, accepted, rows, batch)
 
     def _keys(self, rows: DeviceRows) -> torch.Tensor:
         seeded = row_keys(rows.seed_lo, rows.seed_hi, rows.position)
@@ -172,8 +172,8 @@ class Sampler:
     def _extend_history(self, rows: DeviceRows, tokens: torch.Tensor, batch: RowBatch) -> None:
         """Count each request's new token in its history row (requests with history have no drafts, so
         a request's token sits at its first row)."""
-        first = torch.tensor(batch.first_rows(), dtype=torch.long, device=tokens.device)
-        per_row = torch.zeros(batch.num_rows, dtype=torch.long, device=tokens.device).index_copy_(0, first, tokens)
+        per_row = torch.zeros(batch.num_rows, dtype=torch.long, device=tokens.device).index_copy_(0, rows.first_rows,
+                                                                                                  tokens)
         slots, toks = rows.slot[rows.history_rows], per_row[rows.history_rows]
         self._counts.index_put_((slots, toks), torch.ones_like(toks, dtype=torch.int32), accumulate=True)
         self._seen.index_put_((slots, toks), torch.ones_like(toks, dtype=torch.bool))
@@ -181,15 +181,14 @@ class Sampler:
             if r.slot:
                 self._generated[r.seq_id] += 1
 
-    def _read(self, logits: torch.Tensor, tokens: torch.Tensor, accepted: torch.Tensor, batch: RowBatch
-              ) -> StepSamples:
+    def _read(self, logits: torch.Tensor, tokens: torch.Tensor, accepted: torch.Tensor, rows: DeviceRows,
+              batch: RowBatch) -> StepSamples:
         """Pack tokens, accepted counts and logprobs into one float64 tensor (exact for all of them) and
         read it back once."""
         parts = [tokens.to(torch.float64), accepted.to(torch.float64)]
         top = max(batch.max_logprobs, 0)
         if batch.max_logprobs >= 0:
-            first = torch.tensor(batch.first_rows(), dtype=torch.long, device=logits.device)
-            logp = torch.log_softmax(logits[first].float(), dim=-1)
+            logp = torch.log_softmax(logits[rows.first_rows].float(), dim=-1)
             parts.append(logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(torch.float64))
             if top:
                 values, ids = torch.topk(logp, min(top, logp.shape[-1]), dim=-1)

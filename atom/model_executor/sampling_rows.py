@@ -63,6 +63,7 @@ class DeviceRows:
     draft: torch.Tensor  # int64 [N]: the draft the row verifies, -1 for a request's last row
     slot: torch.Tensor  # int64 [N]: history row (0: none)
     request_rows: torch.Tensor  # int64 [R, K + 1]: the rows of each request, padded with its last row
+    first_rows: torch.Tensor  # int64 [R]: the first row of each request
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows, token ids, values) of logit_bias
     banned: tuple[torch.Tensor, torch.Tensor]  # (rows, token ids) set to -inf
     history_rows: torch.Tensor  # int64 [H]: rows whose sampled token extends a history
@@ -117,6 +118,7 @@ class RowBatch:
         bias = parts[2].view(3, -1)
         banned = parts[3].to(torch.int64).view(2, -1)
         return DeviceRows(**flt, **ints, seeded=col["seeded"] > 0, request_rows=request_rows,
+                          first_rows=request_rows[:, 0],
                           bias=(bias[0].to(torch.int64), bias[1].to(torch.int64), bias[2].to(torch.float32)),
                           banned=(banned[0], banned[1]), history_rows=parts[4].to(torch.int64))
 

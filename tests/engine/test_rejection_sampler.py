@@ -98,3 +98,27 @@ def test_seeded_verification_repeats_and_unseeded_shares_the_engine_generator():
     other = {Sampler().verify(logits, (5, 6, 7), SamplingParams(max_tokens=8, temperature=0.8, top_k=20, seed=s), 40)
              for s in range(40)}
     assert len(other) > 1
+
+
+def test_a_step_of_mixed_requests_with_drafts_samples_with_one_read_back_and_the_same_ops_at_any_values():
+    from atom.bench.op_count import OpCounter
+
+    def step(seed_shift: int) -> OpCounter:
+        logits = torch.randn(9, 32, generator=torch.Generator().manual_seed(7 + seed_shift))
+        sampler = Sampler(eos_token_id=2)
+        sampler.begin(1, (3, 4), (5,), 32, torch.device("cpu"))
+        kinds = [SamplingParams(temperature=0.0, logprobs=2),
+                 SamplingParams(temperature=0.8, top_p=0.9, min_p=0.05, repetition_penalty=1.2 + seed_shift,
+                                min_tokens=3, logit_bias=((4, 1.5),), seed=5 + seed_shift),
+                 SamplingParams(temperature=1.0, top_k=4 + seed_shift, seed=9),
+                 SamplingParams(temperature=0.0)]
+        requests = [sampler.request(0, kinds[0], 10), sampler.request(1, kinds[1], 11),
+                    sampler.request(2, kinds[2], 12, (1 + seed_shift, 2, 3)), sampler.request(3, kinds[3], 13, (4, 5))]
+        with OpCounter() as counter:
+            out = sampler.sample_all(logits, requests)
+        assert len(out.tokens) == 4 and out.logprobs[0] is not None and len(out.logprobs[0].top) == 2
+        return counter
+
+    first, second = step(0), step(1)
+    assert first.syncs == 1 and first.ops["tolist"] == 1  # the packed tokens / counts / logprobs
+    assert first.ops == second.ops
