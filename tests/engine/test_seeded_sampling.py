@@ -72,9 +72,9 @@ def seeded_tokens(engine, others: int) -> list[int]:
 
 @pytest.mark.slow
 def test_a_seeded_request_gives_the_same_tokens_alone_in_a_batch_of_32_and_through_a_preemption(make_engine):
-    alone = seeded_tokens(make_engine(budget=64, max_seqs=32, batch_invariant=True), 0)
-    crowded = seeded_tokens(make_engine(budget=256, max_seqs=32, batch_invariant=True), 31)
-    tight = make_engine(budget=64, max_seqs=32, num_chunks=12, batch_invariant=True)
+    alone = seeded_tokens(make_engine(budget=64, max_seqs=32), 0)
+    crowded = seeded_tokens(make_engine(budget=256, max_seqs=32), 31)
+    tight = make_engine(budget=64, max_seqs=32, num_chunks=12)
     squeezed = seeded_tokens(tight, 31)
     assert tight.scheduler.num_preemptions > 0
     assert len(alone) == 20 and crowded == alone and squeezed == alone
