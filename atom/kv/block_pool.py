@@ -116,6 +116,17 @@ class BlockPool:
             self._uncount(block_id)
         self.ref[block_id] += 1
 
+    def claim_many(self, block_ids: list[int]) -> None:
+        """:meth:`claim` of each id (a prefix hit's blocks), in one loop."""
+        ref, cached = self.ref, self._cached
+        for bid in block_ids:
+            r = ref[bid]
+            if r == 0:
+                assert bid in cached, f"{self.owner}: claim of vacant block {bid}"
+                del cached[bid]
+                self._uncount(bid)
+            ref[bid] = r + 1
+
     def release(self, block_id: int, keep: bool = True) -> None:
         """Drop one reference. At ref 0 a published block is kept cached (``keep``) or evicted;
         an unpublished one is freed at once."""

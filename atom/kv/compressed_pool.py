@@ -41,9 +41,8 @@ class CompressedPool:
         return len(chain)
 
     def claim_hit(self, h: KvHoldings, chain: Sequence[PrefixNode], blocks: int) -> None:
-        ids = [chain[j].comp for j in range(blocks)]
-        for bid in ids:
-            self.pool.claim(bid)
+        ids = [node.comp for node in chain[:blocks]]
+        self.pool.claim_many(ids)
         h.write(COMPRESS, 0, ids, [self.pool.pages[bid] for bid in ids])
 
     def pages_needed(self, h: KvHoldings, end_pos: int) -> int:

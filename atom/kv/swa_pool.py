@@ -82,19 +82,24 @@ class SlidingWindowPool:
     def bounded_hit(self, chain: Sequence[PrefixNode], limit: int, tokens: Sequence[int] = ()) -> tuple[int, int]:
         """(largest boundary <= ``limit`` whose trailing window blocks are all cached, the same also
         requiring the captured CSA state in the block before it). Both 0 when nothing qualifies
-        (recompute from the start). One pass over the chain. With MTP rows, a boundary ``b`` also
-        needs ``tokens[b * block_size]`` (the querying request's token after it) to be the token its
-        last window block's MTP row was computed with."""
+        (recompute from the start). With MTP rows, a boundary ``b`` also needs ``tokens[b * block_size]``
+        (the querying request's token after it) to be the token its last window block's MTP row was
+        computed with. Boundaries are tried from ``limit`` down, so a hit near the end of the chain
+        costs a few window checks, not a pass over the chain."""
         tail, captured, b_size = self.tail_blocks, self.pool.captured, self.block_size
         follows = self.next_token if self.mtp_rows else None
-        window_only = with_state = run = 0
-        for b in range(1, limit + 1):
-            bid = chain[b - 1].swa
-            run = run + 1 if bid >= 0 else 0
-            if run >= min(tail, b) and (follows is None or follows[bid] == tokens[b * b_size]):
-                window_only = b
-                if not self.needs_state or captured[bid]:
-                    with_state = b
+        swa = [node.swa for node in chain[:limit]]
+        window_only = with_state = 0
+        for b in range(limit, 0, -1):
+            bid = swa[b - 1]
+            if bid < 0 or min(swa[max(0, b - tail):b]) < 0:
+                continue
+            if follows is not None and follows[bid] != tokens[b * b_size]:
+                continue
+            window_only = window_only or b
+            if not self.needs_state or captured[bid]:
+                with_state = b
+                break
         return window_only, (with_state if self.needs_state else window_only)
 
     def claim_hit(self, h: KvHoldings, chain: Sequence[PrefixNode], boundary: int) -> None:
