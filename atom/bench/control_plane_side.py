@@ -2,8 +2,10 @@
 
 For each block size and trace of :mod:`atom.bench.control_plane_trace`, the two managers replay
 the trace in turn, ``reps`` times each, alternating which goes first, with garbage collected before
-every run (the previous run's garbage is not this one's cost). Per run, each operation's figure is
-the median of its calls and the step figure is the mean over the trace's steps; the table gives the
+every run (the previous run's garbage is not this one's cost). A run is two replays on fresh
+managers: one times each operation (less the clock's own cost), the other whole steps (no clock
+reading inside a step). Per run, each operation's figure is the median of its calls and the step
+figure is the mean over the trace's steps; the table gives the
 median over runs and the spread over runs ((max - min) / median), both managers' hit tokens, and
 atom / vLLM. The summary line covers block 128:
 ``peer_ratio_max_op=<f> peer_ratio_step_max=<f> hits_vs_peer_min=<f>`` (the largest per-operation
@@ -27,10 +29,17 @@ OPS = ("admit", "prefill_8k", "decode", "free")
 
 
 def _run(make: Callable[[], object], steps: list) -> RunRecord:
-    gc.collect()
-    engine = make()
-    gc.collect()  # building the requests leaves garbage too
-    return replay(engine, steps)
+    """One run: a replay timing each operation, then one on a fresh manager timing whole steps."""
+    records = []
+    for time_ops in (True, False):
+        gc.collect()
+        engine = make()
+        gc.collect()  # building the requests leaves garbage too
+        records.append(replay(engine, steps, time_ops=time_ops))
+    ops, whole = records
+    assert ops.hit_tokens == whole.hit_tokens, "the two replays of one trace hit differently"
+    ops.steps = whole.steps
+    return ops
 
 
 def _summary(records: list[RunRecord]) -> dict[str, tuple[float, float]]:

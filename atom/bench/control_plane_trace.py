@@ -14,7 +14,8 @@ the request being prefilled and then on admissions, in arrival order. A request 
 ``decode_steps`` tokens after its prompt, then is freed. The trace assumes no prefix hits; an engine
 that hits runs fewer prompt tokens and skips the ``chunk`` operations it no longer needs, so every
 engine replays the same operations against its own cache. :func:`replay` drives a
-:class:`ReplayEngine` through the trace and times each operation in this process's CPU time.
+:class:`ReplayEngine` through the trace and times, in this process's CPU time, either each
+operation or whole steps (not both in one replay: a clock reading costs more than a decode).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["CHUNK", "Trace", "TRACES", "Op", "build_steps", "prompt_tokens", "ReplayEngine", "RunRecord", "replay"]
+__all__ = ["CHUNK", "Trace", "TRACES", "Op", "build_steps", "prompt_tokens", "ReplayEngine", "RunRecord", "clock_cost_ns", "replay"]
 
 CHUNK = 8192  # prefill tokens per step
 
@@ -130,56 +131,61 @@ def _kind(op: str, tokens: int, chunk: int) -> str | None:
     return op
 
 
-def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK) -> RunRecord:
+def clock_cost_ns(samples: int = 1001) -> int:
+    """The median of back-to-back ``time.process_time_ns`` readings' differences: what one timed
+    segment adds to what it times (the clock is a system call on some machines, over 1 us)."""
+    clock = time.process_time_ns
+    diffs = sorted(-(clock() - clock()) for _ in range(samples))
+    return diffs[samples // 2]
+
+
+def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK, time_ops: bool = True) -> RunRecord:
     """Run ``steps`` on ``engine``: per step, first every request's allocation (admit / grow), then
     after the (absent) forward pass every request's post-step work, then ``end_step``, then the
-    frees. An operation's time is its allocation plus its post-step work. An admission the engine
-    defers (it waits for a prefix another request is computing) is retried in the next step, before
-    that step's own admissions; its attempts count in the step's time only."""
+    frees. An admission the engine defers (it waits for a prefix another request is computing) is
+    retried in the next step, before that step's own admissions.
+
+    ``time_ops``: time each operation (its allocation plus its post-step work, each segment less
+    :func:`clock_cost_ns`) into ``ops``; a deferred attempt counts for no operation. Else only
+    whole steps are timed, one clock reading at each end, into ``steps`` (per-operation readings
+    would add their own cost to the step, several times the cost of a decode)."""
     clock, rec = time.process_time_ns, RunRecord()  # CPU time: other processes do not inflate it
+    cost = clock_cost_ns()
     deferred: list[Op] = []
     for trace_ops in steps:
         ops, deferred = _with_deferred(trace_ops, deferred), []
-        step_ns = 0
+        t_step = clock()
         ran: list[tuple[str, int, int, int]] = []  # (kind, request, tokens, ns so far)
         for op, i, n in ops:
             if op == "free":
                 continue
-            t0 = clock()
+            t0 = clock() if time_ops else 0
             if op == "admit":
                 got = engine.admit(i, n)
                 if got is None:
-                    step_ns += clock() - t0
                     deferred.append((op, i, n))
                     continue
                 hit, tokens = got
                 rec.hit_tokens += hit
             else:
                 tokens = engine.grow(i, n, op == "chunk")
-            dt = clock() - t0
             if tokens:
-                ran.append((op, i, tokens, dt))
-            step_ns += dt
+                ran.append((op, i, tokens, clock() - t0 - cost if time_ops else 0))
         for op, i, tokens, dt in ran:
-            t0 = clock()
+            t0 = clock() if time_ops else 0
             engine.after(i, tokens)
-            d = clock() - t0
-            dt += d
-            step_ns += d
             kind = _kind(op, tokens, chunk)
-            if kind is not None:
-                rec.ops.setdefault(kind, []).append(dt / 1e3)
-        t0 = clock()
+            if time_ops and kind is not None:
+                rec.ops.setdefault(kind, []).append((dt + clock() - t0 - cost) / 1e3)
         engine.end_step()
-        step_ns += clock() - t0
         for op, i, _ in ops:
             if op == "free":
-                t0 = clock()
+                t0 = clock() if time_ops else 0
                 engine.free(i)
-                dt = clock() - t0
-                step_ns += dt
-                rec.ops.setdefault("free", []).append(dt / 1e3)
-        rec.steps.append(step_ns / 1e3)
+                if time_ops:
+                    rec.ops.setdefault("free", []).append((clock() - t0 - cost) / 1e3)
+        if not time_ops:
+            rec.steps.append((clock() - t_step - cost) / 1e3)
     if deferred:
         raise RuntimeError(f"admissions still deferred when the trace ended: {deferred}")
     return rec
