@@ -49,9 +49,9 @@ ROW_FORMAT = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8_ds_mla"}
 def make_engine(tiny_dir, reference):
     def make(*, budget=37, max_seqs=8, max_model_len=512, num_chunks=200, full_retain=False, interval=0,
              prefix_caching=True, poison=True, backend=None, batch_invariant=False, kv_cache_dtype="fp32",
-             quant_sim=False, speculative=0, drafter=None, chunk_pages=0, dtype="auto") -> LLMEngine:
+             quant_sim=False, speculative=0, drafter=None, chunk_pages=0, dtype="auto", overlap=True) -> LLMEngine:
         limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=max_model_len,
-                                 speculative_num_tokens=speculative)
+                                 speculative_num_tokens=speculative, overlap=overlap)
         spec = reference.cfg.kv_spec(ROW_FORMAT[kv_cache_dtype], include_mtp=speculative > 0)
         kv = KvLayout.for_chunks(spec, num_chunks, limits, CacheConfig(chunk_pages=chunk_pages)).kv_cache_bytes
         cache = CacheConfig(kv_cache_bytes=kv, enable_prefix_caching=prefix_caching, swa_full_retain=full_retain,
