@@ -367,17 +367,13 @@ class BlockManager:
     def free(self, seq: KvRequest) -> None:
         """Release everything ``seq`` holds (finished, aborted or preempted)."""
         h = self.holdings.pop(seq.seq_id)
-        if self._frontier:
-            self._set_frontier(seq, h.published_upto, -1)
-        self._release(h)
-
-    def _release(self, h: KvHoldings) -> None:
+        if self._frontier and h.published_upto < seq.num_prompt_tokens // self.block_size:
+            self._set_frontier(seq, h.published_upto, -1)  # (a request past its prompt has no entry)
         self.comp.release_all(h)
         self.swa.release_all(h)
         self.index.unref(h.tip)
-        h.tip = None
         self.slots.give_back(h)
-        h.clear()
+        # the holdings object is dropped with its tables: nothing reads it again
 
     def reset_prefix_cache(self) -> int:
         """Evict every cached block of both pools; returns how many."""

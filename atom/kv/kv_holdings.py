@@ -75,8 +75,3 @@ class KvHoldings:
         table.pages[index:end] = pages
         if self.shipped:
             self._sink.append(TableUpdate(self.seq_id, owner, index, tuple(pages)))
-
-    def clear(self) -> None:
-        """Forget both tables (every block was released; the runner drops its copy)."""
-        self.comp, self.swa = BlockTable(), BlockTable()
-        self.swa_released_upto = 0
