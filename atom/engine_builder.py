@@ -40,7 +40,8 @@ def describe_kv(layout: KvLayout) -> str:
 
 def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_backend: str | None = None,
                  batch_invariant: bool = False, poison: bool | None = None, quant_sim: bool | None = None,
-                 rank_group: Any = None, value_checks: bool = False, drafter: DraftSource | None = None) -> LLMEngine:
+                 rank_group: Any = None, value_checks: bool = False, drafter: DraftSource | None = None,
+                 step_thread: bool | None = None) -> LLMEngine:
     """An :class:`LLMEngine` serving ``config.model.path`` (None: the built-in tiny model).
 
     The serving model (:class:`DeepseekV4ForServing`; the reference model is never built here) is loaded
@@ -49,7 +50,8 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     drafts with it. ``drafter`` replaces the MTP drafts as the scheduler's draft source (tests: a
     replayed oracle or an always-wrong draft). ``poison`` fills the arena with NaN
     (default: the ``ATOM_DEBUG_NAN_ARENA`` flag); ``value_checks`` runs the kernels' value checks inside
-    every step (tests; they sync the device).
+    every step (tests; they sync the device). ``step_thread``: whether the runner runs launched steps
+    on a thread of its own (``ModelRunner``; None = on a GPU only).
     ``quant_sim`` (when given) overrides ``config.model.quant_sim``: it runs
     the model's FP8/FP4 activation round-trips (with fp8 rows the engine then computes what the
     reference model with ``quant_sim`` computes). The arena's row format comes from
@@ -113,7 +115,7 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
         runner = ModelRunner(model, layout, max_model_len=max_model_len, seed=mc.seed, poison=poison,
                              kernel_backend=kernel_backend, keep_logits=keep_logits,
                              eos_token_id=tokenizer.eos_token_id, value_checks=value_checks,
-                             speculative_num_tokens=num_spec, graph_mode=mode)
+                             speculative_num_tokens=num_spec, graph_mode=mode, step_thread=step_thread)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model_cfg.vocab_size}")
     bm = BlockManager(layout, cache, mtp_rows=num_spec > 0)  # the MTP layer writes rows only when it drafts
@@ -121,6 +123,7 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
                           drafter=drafter if drafter is not None else RunnerDrafts())
     name = mc.served_model_name or (Path(path).name if path else "atom-tiny-dsv4")
     return LLMEngine(scheduler, runner, tokenizer, model_name=name, max_model_len=max_model_len)
+
 
 def _profiled_cache(model: DeepseekV4ForServing, spec: Any, config: EngineConfig, *, graphs: bool,
                     kernel_backend: str | None) -> CacheConfig:
