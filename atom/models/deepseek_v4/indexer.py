@@ -75,13 +75,13 @@ class Indexer(nn.Module):
 
         The picks of :meth:`select` per row, found by a select instead of two sorts: ``torch.topk`` gives each
         row's k-th largest visible score; every entry above it is picked, and of the entries equal to it the
-        lowest ones fill the remaining places (ties to the lower index); each picked entry lands at its rank
-        among the row's picks (a running count), so the row comes out ascending and -1 padded."""
+        lowest ones fill the remaining places (ties to the lower index); output place ``j`` holds the entry at
+        which the running count of picks reaches ``j + 1`` (a binary search), so the row comes out ascending
+        and -1 padded, with the same ops whatever the number of queries."""
         t, n = scores.shape
         k = min(topk, n)
-        out = torch.full((t, topk + 1), -1, dtype=torch.int32, device=scores.device)
         if k == 0:
-            return out[:, :topk].contiguous()
+            return torch.full((t, topk), -1, dtype=torch.int32, device=scores.device)
         entry = torch.arange(n, device=scores.device)
         ok = entry[None, :] < visible[:, None]
         scores = torch.where(ok, scores, float("-inf"))
@@ -89,10 +89,10 @@ class Indexer(nn.Module):
         above = ok & (scores > kth)
         tied = ok & (scores == kth)
         room = k - above.sum(dim=1, keepdim=True)
-        picked = above | (tied & (tied.cumsum(dim=1) <= room))
-        place = torch.where(picked, picked.cumsum(dim=1) - 1, topk)  # unpicked entries go to the spare column
-        out.scatter_(1, place, entry.to(torch.int32)[None, :].expand(t, n))
-        return out[:, :topk].contiguous()
+        count = (above | (tied & (tied.cumsum(dim=1) <= room))).cumsum(dim=1)  # picks up to each entry
+        nth = torch.arange(1, topk + 1, device=scores.device).repeat(t, 1)
+        place = torch.searchsorted(count, nth)  # the entry where the running count reaches j + 1: the j-th pick
+        return torch.where(place < n, place, -1).to(torch.int32)
 
     def select_chunk(self, q: torch.Tensor, w: torch.Tensor, positions: torch.Tensor,
                      keys: torch.Tensor) -> list[torch.Tensor]:
