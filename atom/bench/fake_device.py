@@ -17,13 +17,14 @@ with the stack of the code that caused it:
 * ``data_dependent``: ops whose output shape depends on tensor values (``nonzero``, boolean-mask
   indexing, ``masked_select``, ``unique``, ``repeat_interleave`` without ``output_size``).
 
-Fake tensors hold no values, so a read cannot be answered: the counter records it and returns zeros (a
-``nonzero`` or boolean mask as if every element were set) so the code runs on; after such a read the
+Fake tensors hold no values, so a read cannot be answered: the counter records it and the read returns
+zeros, or True for a boolean (so a value check passes; a ``nonzero`` or boolean mask as if every element
+were set) so the code runs on; after such a read the
 path taken may differ from a real device's. Triton launches (``JITFunction.run``) are skipped: the
 kernel wrappers still run their checks, shape logic and output allocation. A ``torch.Generator`` asked for
 on ``cuda`` is a CPU one and ``torch.cuda.Event`` a no-op (both need the driver); pinned allocations are
 plain host ones. Tensor methods whose Python bindings take a CUDA device guard (indexing, ``copy_``,
-``~``, ``contiguous``) run through their aten ops. Other ``torch.cuda`` calls that need a driver (streams, graphs) are
+``~``, ``contiguous``, ``item`` / ``int`` / ``bool``) run through their aten ops. Other ``torch.cuda`` calls that need a driver (streams, graphs) are
 not emulated.
 """
 
@@ -136,8 +137,15 @@ def fake_cuda() -> Iterator[FakeTensorMode]:
         def __new__(cls, device: Any = "cpu") -> torch.Generator:
             return generator("cpu" if torch.device(device).type == "cuda" else device)
 
-    event = torch.cuda.Event
+    event, nonzero = torch.cuda.Event, torch.nonzero
+
+    def nonzero_of_fake(x: torch.Tensor, *, as_tuple: bool = False, **kwargs: Any) -> Any:
+        if not (as_tuple and isinstance(x, FakeTensor)):  # the tuple form's binding takes a device guard
+            return nonzero(x, as_tuple=as_tuple, **kwargs)
+        return torch.ops.aten.nonzero(x).unbind(1)
+
     JITFunction.run, torch.Generator, torch.cuda.Event = skipped, HostGenerator, _HostEvent
+    torch.nonzero = nonzero_of_fake
     for name, method in _GUARDED_METHODS.items():
         setattr(FakeTensor, name, method)
     try:
@@ -145,6 +153,7 @@ def fake_cuda() -> Iterator[FakeTensorMode]:
             yield mode
     finally:
         JITFunction.run, torch.Generator, torch.cuda.Event = launch, generator, event
+        torch.nonzero = nonzero
         for name in _GUARDED_METHODS:
             delattr(FakeTensor, name)
 
@@ -214,6 +223,10 @@ def _invert(t: torch.Tensor) -> torch.Tensor:
 
 def _contiguous(t: torch.Tensor, memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
     return t if t.is_contiguous(memory_format=memory_format) else torch.ops.aten.clone(t, memory_format=memory_format)
+
+
+def _scalar(t: torch.Tensor) -> Any:
+    return torch.ops.aten._local_scalar_dense(t)
 
 
 def _consumed(i: Any) -> int:
@@ -296,7 +309,9 @@ def to_fake_cuda(module: torch.nn.Module, mode: FakeTensorMode) -> torch.nn.Modu
 # Tensor methods whose Python bindings take a CUDA device guard (absent from a CPU-only build), routed through
 # their aten ops for fake tensors
 _GUARDED_METHODS = {"__getitem__": _getitem, "__setitem__": _setitem, "copy_": _copy, "__invert__": _invert,
-                    "contiguous": _contiguous, "tolist": _tolist}
+                    "contiguous": _contiguous, "tolist": _tolist, "item": _scalar,
+                    "__int__": lambda t: int(_scalar(t)), "__float__": lambda t: float(_scalar(t)),
+                    "__bool__": lambda t: bool(_scalar(t)), "__index__": lambda t: int(_scalar(t))}
 
 
 def _device_of(t: Any) -> torch.device | None:
@@ -309,7 +324,7 @@ def _on_cuda(t: Any) -> bool:
 
 def _zero_scalar(t: torch.Tensor) -> bool | int | float:
     if t.dtype == torch.bool:
-        return False
+        return True  # a read check (``if not ok.all(): raise``) passes
     return 0.0 if t.dtype.is_floating_point else 0
 
 

@@ -94,7 +94,9 @@ CASES = (
 def release_model(kind: str, mode: FakeTensorMode, *, mtp: bool = False) -> DeepseekV4ForServing:
     """The thin ``kind`` model in the release format (FP8 linears, MXFP4 routed experts, each Linear in the
     format the loader gives a release checkpoint's tensor), ``quant_sim`` on, with fake weights on ``cuda``."""
-    cfg = thin_config(kind).replace(moe_inter_dim=32, n_mtp_layers=1 if mtp else 0, quant_sim=True)
+    cfg = thin_config(kind)
+    cfg = cfg.replace(moe_inter_dim=32, n_mtp_layers=1 if mtp else 0, quant_sim=True,
+                      compress_ratios=cfg.compress_ratios + ((0,) if mtp else ()))  # the MTP layer is SWA
     model = DeepseekV4ForServing(cfg, device="meta")
     for path, module in model.named_modules():
         fmt = release_format(f"{path}.weight", fp8=True, fp4_experts=True)

@@ -20,50 +20,51 @@ import torch
 from atom.kernels._common import next_pow2
 from atom.step_contract import ScheduledBatch
 from atom.kv.page_map import COMPRESS, SWA
+from atom.model_ops.host_staging import stage
 
 __all__ = ["EntryList", "PageTables", "RowSubset", "StepInputs", "build_step_inputs", "row_subset"]
 
 
 class PageTables:
     """``comp`` / ``swa``: int32 ``[num_rows + 1, max_blocks]`` physical pages, -1 = none (the last row is
-    ``padding_row``)."""
+    ``padding_row``); both are views of one tensor, so a step's deltas to either land in one scatter."""
 
     def __init__(self, num_rows: int, max_blocks: int, device: str | torch.device = "cpu") -> None:
-        self.comp = torch.full((num_rows + 1, max_blocks), -1, dtype=torch.int32, device=device)
-        self.swa = torch.full((num_rows + 1, max_blocks), -1, dtype=torch.int32, device=device)
+        self._both = torch.full((2, num_rows + 1, max_blocks), -1, dtype=torch.int32, device=device)
+        self.comp, self.swa = self._both[0], self._both[1]
         self.padding_row = num_rows
         self.row_of: dict[int, int] = {}
         self._free_rows = list(range(num_rows - 1, -1, -1))
 
     def apply(self, batch: ScheduledBatch) -> None:
+        """Apply the batch's deltas: released rows and the rows of newly arrived full tables are cleared on
+        the device (fills, no copy); every page entry written (full tables and updates) goes through one
+        staged copy of (flat index, page) pairs and one scatter, after the clears."""
         for sid in batch.released_ids:
             row = self.row_of.pop(sid, None)
             if row is not None:
-                self.comp[row].fill_(-1)
-                self.swa[row].fill_(-1)
+                self._both[:, row].fill_(-1)
                 self._free_rows.append(row)
                 self._free_rows.sort(reverse=True)
+        width, rows = self._both.shape[2], self._both.shape[1]
+        entries: dict[int, int] = {}  # flat index -> page; a later delta to the same entry wins, as applied in order
         for new in batch.new_tables:
             row = self.row_of.get(new.seq_id)
             if row is None:
                 assert self._free_rows, f"more live requests than the {self.padding_row} table rows"
                 row = self.row_of[new.seq_id] = self._free_rows.pop()
-            self._write_row(self.comp[row], new.comp_pages)
-            self._write_row(self.swa[row], new.swa_pages)
+            self._both[:, row].fill_(-1)
+            for table, row_pages in enumerate((new.comp_pages, new.swa_pages)):
+                assert len(row_pages) <= width, f"{len(row_pages)} pages for a table row of {width}"
+                base = (table * rows + row) * width
+                entries.update(zip(range(base, base + len(row_pages)), row_pages))
         for u in batch.table_updates:  # one run of consecutive entries each
-            table = self.comp if u.owner == COMPRESS else self.swa
-            assert u.owner in (COMPRESS, SWA) and u.index + len(u.pages) <= table.shape[1], f"bad table update {u}"
-            if len(u.pages) == 1:
-                table[self.row_of[u.seq_id], u.index] = u.pages[0]
-            else:
-                table[self.row_of[u.seq_id], u.index:u.index + len(u.pages)] = torch.tensor(
-                    u.pages, dtype=torch.int32, device=table.device)
-
-    @staticmethod
-    def _write_row(row: torch.Tensor, pages: tuple[int, ...]) -> None:
-        row.fill_(-1)
-        if pages:
-            row[: len(pages)] = torch.tensor(pages, dtype=torch.int32, device=row.device)
+            assert u.owner in (COMPRESS, SWA) and u.index + len(u.pages) <= width, f"bad table update {u}"
+            base = ((0 if u.owner == COMPRESS else 1) * rows + self.row_of[u.seq_id]) * width + u.index
+            entries.update(zip(range(base, base + len(u.pages)), u.pages))
+        if entries:  # distinct indices: the scatter's order does not matter
+            index, values = stage([list(entries), list(entries.values())], self._both.device)
+            self._both.view(-1).scatter_(0, index, values.to(torch.int32))
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,8 @@ def row_subset(starts: list[int], counts: list[int], positions: list[int],
     for first, n in zip(starts, counts):
         rows.extend(range(first, first + n))
         cu.append(cu[-1] + n)
-    return RowSubset(torch.tensor(rows, dtype=torch.long, device=device),
-                     torch.tensor(cu, dtype=torch.int32, device=device),
-                     torch.tensor(positions, dtype=torch.int32, device=device), max(counts, default=0))
+    rows_t, cu_t, pos_t = stage([rows, cu, positions], device)
+    return RowSubset(rows_t, cu_t.to(torch.int32), pos_t.to(torch.int32), max(counts, default=0))
 
 
 @dataclass
@@ -153,21 +153,22 @@ class StepInputs:
         return self.derived[key]
 
 
-def _entry_list(batch: ScheduledBatch, ratio: int, num_tokens: int, device: str | torch.device) -> EntryList:
+def _entry_list(batch: ScheduledBatch, ratio: int, num_tokens: int) -> tuple[list[int], list[int]]:
+    """The host lists ``(seq, ids)`` of the :class:`EntryList` of ``ratio``."""
     seq, ids = [], []
     for s, item in enumerate(batch.seqs):
         first, end = item.start_pos // ratio, (item.start_pos + item.num_tokens) // ratio
         seq.extend([s] * (end - first))
         ids.extend(range(first, end))
     pad = num_tokens // ratio + len(batch.seqs) - len(seq)
-    return EntryList(torch.tensor(seq + [-1] * pad, dtype=torch.long, device=device),
-                     torch.tensor(ids + [0] * pad, dtype=torch.long, device=device))
+    return seq + [-1] * pad, ids + [0] * pad
 
 
 def build_step_inputs(batch: ScheduledBatch, tables: PageTables, device: str | torch.device = "cpu",
                       ratios: tuple[int, ...] = ()) -> StepInputs:
     """The step tensors of ``batch``; ``tables`` (already updated by the batch) gives the table rows;
-    ``ratios``: the model's compress ratios (entry lists built for each)."""
+    ``ratios``: the model's compress ratios (entry lists built for each). Every tensor comes from one
+    host-to-device copy (:func:`atom.model_ops.host_staging.stage`)."""
     tokens, positions, token_slot, cu, sample_rows = [], [], [], [0], []
     rows = [tables.row_of[s.seq_id] for s in batch.seqs]
     for s, row in zip(batch.seqs, rows):
@@ -178,24 +179,24 @@ def build_step_inputs(batch: ScheduledBatch, tables: PageTables, device: str | t
         if s.sample:
             sample_rows.extend(range(cu[-1] - 1 - s.num_draft, cu[-1]))
 
-    def i32(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=device)
-
     restore = [s.restore_page for s in batch.seqs]
     drafts = [s.num_draft for s in batch.seqs]
     committed = None
     if any(drafts):
         committed = row_subset(cu[:-1], [s.num_committed for s in batch.seqs], [s.start_pos for s in batch.seqs],
                                device)
+    comp_ratios = sorted(set(ratios) - {0})
+    entry_lists = [part for r in comp_ratios for part in _entry_list(batch, r, len(tokens))]
+    (token_ids, pos, slot_of_token, cu_t, starts, slots, rows_t, reset, restore_t, sampled, *entry_parts) = stage(
+        [tokens, positions, token_slot, cu, [s.start_pos for s in batch.seqs], [s.state_slot for s in batch.seqs],
+         rows, [int(s.state_reset) for s in batch.seqs], restore, sample_rows] + entry_lists, device)
+    i32 = torch.int32
     return StepInputs(
-        token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
-        token_slot=i32(token_slot), cu_seqlens=i32(cu), pos_start=i32([s.start_pos for s in batch.seqs]),
-        slots=i32([s.state_slot for s in batch.seqs]), rows=i32(rows),
-        reset=torch.tensor([s.state_reset for s in batch.seqs], dtype=torch.bool, device=device),
-        restore_src=i32(restore),
-        entries={r: _entry_list(batch, r, len(tokens), device) for r in sorted(set(ratios) - {0})},
-        sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        token_ids=token_ids, positions=pos, token_slot=slot_of_token.to(i32), cu_seqlens=cu_t.to(i32),
+        pos_start=starts.to(i32), slots=slots.to(i32), rows=rows_t.to(i32), reset=reset != 0,
+        restore_src=restore_t.to(i32),
+        entries={r: EntryList(entry_parts[2 * i], entry_parts[2 * i + 1]) for i, r in enumerate(comp_ratios)},
+        sample_rows=sampled,
         max_pos=max(positions), max_len=max(s.num_tokens for s in batch.seqs),
         any_reset=any(s.state_reset for s in batch.seqs), any_restore=any(p >= 0 for p in restore),
         seq_ids=[s.seq_id for s in batch.seqs], lengths=[s.num_tokens for s in batch.seqs], num_draft=drafts,
