@@ -140,9 +140,10 @@ def fake_cuda() -> Iterator[FakeTensorMode]:
     event, nonzero = torch.cuda.Event, torch.nonzero
 
     def nonzero_of_fake(x: torch.Tensor, *, as_tuple: bool = False, **kwargs: Any) -> Any:
-        if not (as_tuple and isinstance(x, FakeTensor)):  # the tuple form's binding takes a device guard
+        if not isinstance(x, FakeTensor) or kwargs:  # torch.nonzero's binding takes a device guard
             return nonzero(x, as_tuple=as_tuple, **kwargs)
-        return torch.ops.aten.nonzero(x).unbind(1)
+        out = torch.ops.aten.nonzero(x)
+        return out.unbind(1) if as_tuple else out
 
     JITFunction.run, torch.Generator, torch.cuda.Event = skipped, HostGenerator, _HostEvent
     torch.nonzero = nonzero_of_fake
