@@ -114,11 +114,11 @@ class ModelRunner:
                 self.sampler.begin(item.seq_id, *item.history, logits.shape[-1], logits.device)
         out = self._sample(batch, logits)
         if step is not None:
-            with checks():
+            with checks():  # the commit and the MTP drafts run with the forward's value-check setting
                 if step.committed is not None:
                     self._commit(batch, step, out.accepted)
-            if self.mtp is not None:
-                out = dataclasses.replace(out, drafts=self.mtp.run(batch, step, self.tables, hidden, out))
+                if self.mtp is not None:
+                    out = dataclasses.replace(out, drafts=self.mtp.run(batch, step, self.tables, hidden, out))
         return dataclasses.replace(out, logits=kept) if kept else out
 
     def _sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> RunnerOutput:

@@ -31,6 +31,7 @@ import dataclasses
 import torch
 
 from atom.step_contract import RunnerOutput, ScheduledBatch
+from atom.model_ops.host_staging import stage
 from atom.model_ops.step_inputs import PageTables, StepInputs
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 
@@ -69,18 +70,17 @@ class MtpDrafter:
             lo += item.num_tokens
         dev = hidden.device
         head_rows = [r for _, r in last]
-        x, logits = self._forward(hidden[torch.tensor(rows, device=dev)],
-                                  torch.tensor(next_ids, dtype=torch.long, device=dev), positions, slots, step,
-                                  tables, head_rows)
+        rows_t, next_t, head_t = stage([rows, next_ids, head_rows], dev)  # one copy for the step's lists
+        x, logits = self._forward(hidden[rows_t], next_t, positions, slots, step, tables, head_rows)
         base, seq_slots = [positions[r] for r in head_rows], [slots[r] for r in head_rows]
         drafting, tokens = list(range(len(last))), torch.argmax(logits, dim=-1)
         found = [(drafting, tokens)]  # (requests drafting at this depth, their tokens on the device)
-        state = x[torch.tensor(head_rows, dtype=torch.long, device=dev)]
+        state = x[head_t]
         for depth in range(1, self.num_tokens):  # recursive drafts on the MTP layer's own stream
             keep = [j for j, i in enumerate(drafting) if base[i] + depth < self.max_model_len]
             if not keep:
                 break
-            sel = torch.tensor(keep, dtype=torch.long, device=dev)
+            sel = stage([keep], dev)[0]
             drafting = [drafting[j] for j in keep]
             state, logits = self._forward(state[sel], tokens[sel], [base[i] + depth for i in drafting],
                                           [seq_slots[i] for i in drafting], step, tables, list(range(len(keep))))
@@ -99,8 +99,7 @@ class MtpDrafter:
                  step: StepInputs, tables: PageTables, head_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The MTP block over rows ``h [T, hc, dim]`` (token ``ids[t]``, a device tensor, follows position
         ``positions[t]``): ``(its output stream [T, hc, dim], logits of head_rows)``."""
-        dev = h.device
-        mtp_step = dataclasses.replace(step, token_ids=ids, positions=torch.tensor(positions, dtype=torch.long,
-                                                                                   device=dev),
-                                       token_slot=torch.tensor(slots, dtype=torch.int32, device=dev), committed=None)
-        return self.model.mtp_forward(h, mtp_step, tables, torch.tensor(head_rows, dtype=torch.long, device=dev))
+        pos_t, slots_t, head_t = stage([positions, slots, head_rows], h.device)  # one copy
+        mtp_step = dataclasses.replace(step, token_ids=ids, positions=pos_t, token_slot=slots_t.to(torch.int32),
+                                       committed=None)
+        return self.model.mtp_forward(h, mtp_step, tables, head_t)
