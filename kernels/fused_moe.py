@@ -16,7 +16,7 @@ Contract (``fused_moe`` and ``fused_moe_ref`` share it)::
   (each rounded to ``x.dtype``), ``up`` clamped to ``[-limit, limit]`` and ``gate`` to ``<= limit``
   (``limit > 0``), ``h = route_w * silu(gate) * up`` rounded to ``x.dtype``, ``y = h W2^T`` rounded to
   ``x.dtype``. With ``act_blocks = (a, b)`` nonzero (the release numerics) the GEMM inputs first take the FP8
-  round trip of :func:`atom.models.deepseek_v4.quant.fp8_roundtrip`, ``x`` in blocks of ``a`` and ``h`` in
+  round trip of :func:`atom.kernels.quant_formats.fp8_roundtrip`, ``x`` in blocks of ``a`` and ``h`` in
   blocks of ``b`` (each 0, off, or a divisor of 128 and of its width).
   The routing weight multiplies ``h`` before that round trip, as the reference does, so it is applied in
   the first GEMM's epilogue, not the second's.
@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from ._common import HAS_TRITON, VALUE_DTYPES, check_rows, check_same_device, next_pow2, require_triton, \
     triton, tl, value_checks_enabled
-from .quant_formats import FP4_GROUP, FP8_BLOCK, e8m0_to_float, unpack_fp4
+from .quant_formats import FP4_GROUP, FP8_BLOCK, e8m0_to_float, fp8_roundtrip, unpack_fp4
 from .tiles import tiles_for
 
 if HAS_TRITON:
@@ -173,8 +173,6 @@ def fused_moe_ref(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tenso
                   s2: torch.Tensor | None = None, *, limit: float, act_blocks: tuple[int, int] = (0, 0),
                   first_expert: int = 0) -> torch.Tensor:
     """Torch reference (module docstring): grouped GEMMs over the expert-sorted pairs, no host read."""
-    from atom.models.deepseek_v4.quant import fp8_roundtrip
-
     fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert)
     t, k = route_idx.shape
     order, offsets = _permute(route_idx, w1.shape[0], first_expert)

@@ -34,7 +34,7 @@ from .tiles import tiles_for
 __all__ = ["FP8_BLOCK", "FP4_GROUP", "E2M1_VALUES", "e8m0_to_float", "unpack_fp4", "check_fp8_weight",
            "check_mxfp4_weight", "dequantize_fp8_rows", "dequantize_mxfp4_rows", "gemm_by_row_tiles",
            "gemm_tiles", "check_gemm_operands", "launch_weight_gemm", "FP8_MAX", "FP8_AMAX_FLOOR",
-           "pow2_scale_exponent", "pow2_float", "check_row_encode"]
+           "pow2_scale_exponent", "pow2_float", "check_row_encode", "fp8_roundtrip", "fp8_scale"]
 
 FP8_BLOCK = 128
 FP4_GROUP = 32
@@ -165,6 +165,22 @@ def pow2_scale_exponent(amax: torch.Tensor) -> torch.Tensor:
 def pow2_float(e: torch.Tensor) -> torch.Tensor:
     """``2**e`` (fp32, exact) of int32 exponents in the normal range, built from the exponent bits."""
     return ((e + 127) << 23).to(torch.int32).view(torch.float32)
+
+
+def fp8_roundtrip(x: torch.Tensor, block: int) -> torch.Tensor:
+    """FP8-e4m3 quantize->dequantize over blocks of ``block`` values along the last dim (pow-2 scales)."""
+    shape = x.shape
+    xb = x.float().reshape(*shape[:-1], shape[-1] // block, block)
+    scale = fp8_scale(xb.abs().amax(-1, keepdim=True))
+    q = (xb / scale).to(torch.float8_e4m3fn).float()
+    return (q * scale).reshape(shape).to(x.dtype)
+
+
+def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The power-of-two FP8 scale of a block whose largest magnitude is ``amax`` (fp32, same shape): the rule of
+    the arena's FP8 codecs (:func:`pow2_scale_exponent`), so stored rows decode to
+    the round-trip's values bit for bit."""
+    return pow2_float(pow2_scale_exponent(amax.float()))
 
 
 def check_row_encode(x: torch.Tensor, out: torch.Tensor, layout) -> None:

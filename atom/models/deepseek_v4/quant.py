@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from atom.kernels.quant_formats import (E2M1_VALUES, FP4_GROUP, FP8_MAX, e8m0_to_float, pow2_float, pow2_scale_exponent,
+from atom.kernels.quant_formats import (fp8_roundtrip, fp8_scale, E2M1_VALUES, FP4_GROUP, FP8_MAX, e8m0_to_float,
                                         unpack_fp4)
 
 from .device_constants import on_device
@@ -35,22 +35,6 @@ def _pow2_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     """Smallest power of two ``s`` with ``amax / s <= qmax`` (ue8m0); 1 for all-zero blocks."""
     ratio = (amax / qmax).clamp(min=2.0**-126)
     return torch.exp2(torch.ceil(torch.log2(ratio)))
-
-
-def fp8_roundtrip(x: torch.Tensor, block: int) -> torch.Tensor:
-    """FP8-e4m3 quantize->dequantize over blocks of ``block`` values along the last dim (pow-2 scales)."""
-    shape = x.shape
-    xb = x.float().reshape(*shape[:-1], shape[-1] // block, block)
-    scale = fp8_scale(xb.abs().amax(-1, keepdim=True))
-    q = (xb / scale).to(torch.float8_e4m3fn).float()
-    return (q * scale).reshape(shape).to(x.dtype)
-
-
-def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
-    """The power-of-two FP8 scale of a block whose largest magnitude is ``amax`` (fp32, same shape): the rule of
-    the arena's FP8 codecs (:func:`atom.kernels.quant_formats.pow2_scale_exponent`), so stored rows decode to
-    the round-trip's values bit for bit."""
-    return pow2_float(pow2_scale_exponent(amax.float()))
 
 
 # e2m1 rounding: a magnitude above boundary i moves to code i + 1; on a boundary it goes to the code with an
