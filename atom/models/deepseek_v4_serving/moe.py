@@ -8,6 +8,12 @@ weights stacked: on the first forward (and again if the parameters are replaced)
 and scales are stacked once and every expert's parameters become views of the stack, so the stack costs no
 second copy and the reference's per-expert modules (and state dict names) stay as they are.
 
+On the torch backend (the CPU) the routed experts run the reference's own paths instead (one grouped
+GEMM for dense experts, one GEMM per expert present for quantized ones): the engine is compared with the
+reference model value for value, and with the release numerics a last-bit difference in a GEMM's
+accumulation order flips an FP8 rounding of the activations downstream. The fused op's torch reference
+stays the oracle the Triton kernel is checked against.
+
 A layer whose experts mix formats or whose ``w2`` inputs are split across ranks with their own FP8 blocks
 (a ``quantize_input`` override) runs one GEMM per expert present in the step, which reads the routing
 back. :attr:`ServingMoE.host_free` says which: the serving model declares CUDA-graph support from it.
@@ -19,7 +25,6 @@ from typing import Any, Callable
 
 import torch
 
-from atom.kernels.fused_moe import reference_reads_offsets
 from atom.models.deepseek_v4.layers import Linear
 from atom.models.deepseek_v4.moe import Expert, MoEWeights
 
@@ -54,12 +59,11 @@ class ServingMoE(MoEWeights):
     @property
     def host_free(self) -> bool:
         """Whether :meth:`forward` runs without reading a device value back, so a CUDA graph can record it:
-        the fused op, except its torch reference in float64 or at widths ``torch._grouped_mm`` cannot take."""
-        if not self.fusable:
-            return False
-        first = self._held()[0]
-        return self._fused_source != "torch" or not reference_reads_offsets(
-            first.w1.dtype, first.w1.in_features, first.w1.out_features)
+        the fused op on a GPU backend; on the torch backend the grouped dense path (quantized experts run one
+        GEMM per expert there, see :meth:`forward`)."""
+        if self._fused_source == "torch":
+            return self.grouped
+        return self.fusable
 
     def expert_stack(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
         """``([w1, w3, w2], [s1, s3, s2])`` stacked over the held experts (scales None when dense); the experts'
@@ -87,14 +91,13 @@ class ServingMoE(MoEWeights):
         """Each token adds its experts' outputs (ascending expert order in the torch reference), then the
         shared expert's."""
         weights, idx = self.gate(x, token_ids)
+        if self._fused_source == "torch":  # the CPU: the reference's own paths, so its rounding, op for op
+            routed = self.routed(x, weights, idx) if self.grouped else self.routed_per_expert(x, weights, idx)
+            return self.with_shared(x, routed)
         if not self.fusable:
             return self.with_shared(x, self.routed_per_expert(x, weights, idx))
         (w1, w3, w2), (s1, s3, s2) = self.expert_stack()
         first = self._held()[0]
-        if self._fused is None:
-            from atom.kernels.backend import get_kernel
-
-            self._fused = get_kernel("fused_moe", "torch")
         xe = x.to(first.w1.weight.dtype if first.w1.fmt == "dense" else first.w1.dtype)
         routed = self._fused(xe, weights, idx, w1, w3, w2, s1, s3, s2, limit=first.limit,
                              act_blocks=(first.w1.act_block, first.w2.act_block),
