@@ -59,17 +59,17 @@ class BlockWeights(nn.Module):
         return hc_pre(h, getattr(self, f"{prefix}_fn"), getattr(self, f"{prefix}_scale"),
                       getattr(self, f"{prefix}_base"), c.hc_sinkhorn_iters, c.hc_eps, c.norm_eps)
 
+    def attn_input(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token-local: ``(attn_norm(hc_pre(h)), post, comb)``."""
+        y, post, comb = self.hc_mix(h, "hc_attn")
+        return self.attn_norm(y), post, comb
+
 
 class Block(BlockWeights):
     """The reference decoder block: one chunk over the explicit cache."""
 
     attention_class = Attention
     ffn_class = MoE
-
-    def attn_input(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Token-local: ``(attn_norm(hc_pre(h)), post, comb)``."""
-        y, post, comb = self.hc_mix(h, "hc_attn")
-        return self.attn_norm(y), post, comb
 
     def attn_output_and_ffn(self, a: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                             token_ids: torch.Tensor) -> torch.Tensor:

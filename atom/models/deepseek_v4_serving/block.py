@@ -42,11 +42,6 @@ class ServingBlock(BlockWeights):
     attn: ArenaAttention
     ffn: ServingMoE
 
-    def attention_input(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Token-local: ``(attn_norm(hc_pre(h)), post, comb)``."""
-        y, post, comb = self.hc_mix(h, "hc_attn")
-        return self.attn_norm(y), post, comb
-
     def ffn_sublayer(self, a: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                      token_ids: torch.Tensor) -> torch.Tensor:
         """Token-local: fold the attention output ``a`` into the stream ``h``, then the FFN sub-layer."""
@@ -57,7 +52,7 @@ class ServingBlock(BlockWeights):
     def forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
         """The new stream ``[T, hc, d]`` of the step's rows; writes their KV rows into the arena."""
         rw = self.cfg.batch_invariant
-        x, post, comb = map_rows(self.attention_input, rw, h)
+        x, post, comb = map_rows(self.attn_input, rw, h)
         a = self.attn(x, step, tables)
         return map_rows(self.ffn_sublayer, rw, a, h, post, comb, step.token_ids)
 
