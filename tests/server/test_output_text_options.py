@@ -7,6 +7,7 @@ from atom.builtin_model import BUILTIN_MODEL_NAME as MODEL
 from atom.output.request_text import RequestText
 from atom.output.stop_strings import StopAutomaton, StopScanner
 from atom.tokenizer import Tokenizer, write_builtin_tokenizer
+from tests.support.request_text import stream_text
 
 USER_TOKEN = 258  # <｜User｜> in the built-in tokenizer
 EOS_TOKEN = 257
@@ -15,16 +16,6 @@ EOS_TOKEN = 257
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
     return Tokenizer.from_dir(write_builtin_tokenizer(tmp_path_factory.mktemp("tok")))
-
-
-def _run(text, ids):
-    sent, stopped = [], False
-    for k, t in enumerate(ids):
-        piece, stopped = text.advance(t, final=k == len(ids) - 1)
-        sent.append(piece)
-        if stopped:
-            break
-    return sent, stopped
 
 
 def test_the_scanner_ends_the_text_after_the_stop_when_asked_to_keep_it():
@@ -36,13 +27,13 @@ def test_the_scanner_ends_the_text_after_the_stop_when_asked_to_keep_it():
 def test_a_multi_token_stop_is_kept_at_the_end_of_the_text_and_nothing_after_it(tok):
     ids = list("ok 世界 done".encode())
     text = RequestText(tok.decode, ("界 d",), include_stop=True)
-    sent, stopped = _run(text, ids)
+    sent, stopped = stream_text(text, ids)
     assert stopped and "".join(sent) == "ok 世界 d" == text.text()
 
 
 def test_overlapping_stops_keep_the_one_that_completed_first(tok):
     text = RequestText(tok.decode, ("bcd", "abcdef", "c"), include_stop=True)
-    sent, stopped = _run(text, list(b"xabcdefg"))
+    sent, stopped = stream_text(text, list(b"xabcdefg"))
     assert stopped and "".join(sent) == "xabc"
 
 
@@ -50,8 +41,8 @@ def test_special_tokens_are_in_the_text_only_when_not_skipped(tok):
     ids = [ord("a"), USER_TOKEN, ord("b")]
     kept = RequestText(lambda w: tok.decode(w, skip_special_tokens=False), ())
     skipped = RequestText(lambda w: tok.decode(w, skip_special_tokens=True), ())
-    assert "".join(_run(kept, ids)[0]) == "a<｜User｜>b"
-    assert "".join(_run(skipped, ids)[0]) == "ab"
+    assert "".join(stream_text(kept, ids)[0]) == "a<｜User｜>b"
+    assert "".join(stream_text(skipped, ids)[0]) == "ab"
 
 
 def test_the_api_keeps_the_stop_string_when_asked_streamed_or_not(server):

@@ -8,6 +8,7 @@ from atom.output.detokenizer import CONTEXT, MAX_HELD, IncrementalDetokenizer
 from atom.output.request_text import RequestText
 from atom.output.stop_strings import StopAutomaton, StopScanner
 from atom.tokenizer import Tokenizer, write_builtin_tokenizer
+from tests.support.request_text import stream_text
 
 
 @pytest.fixture(scope="module")
@@ -146,12 +147,7 @@ def test_held_text_is_only_the_longest_suffix_that_could_start_a_stop():
 def test_request_text_cuts_at_a_multi_token_multibyte_stop_and_never_sends_its_start(tok):
     ids = list("ok 世界 done".encode())
     text = RequestText(tok.decode, ("界 d",))
-    sent, stopped = [], False
-    for k, t in enumerate(ids):
-        piece, stopped = text.advance(t, final=k == len(ids) - 1)
-        sent.append(piece)
-        if stopped:
-            break
+    sent, stopped = stream_text(text, ids)
     assert stopped and "".join(sent) == "ok 世" == text.text()
     assert "界" not in "".join(sent)
 
