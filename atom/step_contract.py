@@ -17,7 +17,7 @@ from atom.kv.tables import NewTables, TableUpdate
 from atom.output.request_output import TokenLogprobs
 from atom.sampling_params import SamplingParams
 
-__all__ = ["ScheduledSeq", "ScheduledBatch", "RunnerOutput"]
+__all__ = ["ScheduledSeq", "ScheduledBatch", "RunnerOutput", "ReadyOutput"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +90,16 @@ class RunnerOutput:
     accepted: Mapping[int, int] = field(default_factory=dict)
     drafts: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     logits: Mapping[int, Any] = field(default_factory=dict)
+
+
+class ReadyOutput:
+    """The handle of a step that ran to completion when it was launched (a runner without a step thread,
+    or without ``launch``): ``result()`` gives its :class:`RunnerOutput`, as a launched step's future does."""
+
+    __slots__ = ("_out",)
+
+    def __init__(self, out: RunnerOutput) -> None:
+        self._out = out
+
+    def result(self) -> RunnerOutput:
+        return self._out

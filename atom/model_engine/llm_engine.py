@@ -25,7 +25,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence as Seq
 
-from atom.step_contract import RunnerOutput, ScheduledBatch
+from atom.step_contract import ReadyOutput, RunnerOutput, ScheduledBatch
 from atom.output.request_text import RequestText
 from atom.output.request_output import EngineStats, RequestOutput, TokenLogprobs
 from atom.model_engine.scheduler import Scheduler
@@ -49,18 +49,6 @@ class PendingOutput(Protocol):
     """A launched step: :meth:`result` waits for it and returns its output (once)."""
 
     def result(self) -> RunnerOutput: ...
-
-
-class _Ready:
-    """A step that ran to completion at launch (a runner without ``launch``)."""
-
-    __slots__ = ("_out",)
-
-    def __init__(self, out: RunnerOutput) -> None:
-        self._out = out
-
-    def result(self) -> RunnerOutput:
-        return self._out
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +179,7 @@ class LLMEngine:
 
     def _launch(self, batch: ScheduledBatch) -> PendingOutput:
         launch = getattr(self.runner, "launch", None)
-        return launch(batch) if launch is not None else _Ready(self.runner.execute(batch))
+        return launch(batch) if launch is not None else ReadyOutput(self.runner.execute(batch))
 
     def _ended_outputs(self) -> list[RequestOutput]:
         """Final outputs of the requests aborted or refused at admission since the last call:

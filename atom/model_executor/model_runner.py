@@ -18,12 +18,12 @@ import torch
 
 from atom.kernels.backend import load_kernels, value_checks_off
 from atom.kv.kv_layout import KvLayout
-from atom.step_contract import RunnerOutput, ScheduledBatch
+from atom.step_contract import ReadyOutput, RunnerOutput, ScheduledBatch
 from atom.model_ops.kv_views import bind_kv_arena
 from atom.spec_decode.mtp_draft import MtpDrafter
 from atom.model_executor.decode_graphs import GRAPH_MODES, DecodeSteps
 from atom.model_executor.sampler import Sampler
-from atom.model_executor.step_thread import ReadyOutput, StepThread
+from atom.model_executor.step_thread import StepThread
 from atom.model_ops.decode_buffers import DecodeBuffers
 from atom.model_ops.step_inputs import PageTables, StepInputs, build_step_inputs, row_subset
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing

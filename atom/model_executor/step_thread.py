@@ -6,8 +6,8 @@ the caller's scheduling overlaps both the step's host work (building inputs, lau
 replaying a graph) and its device time; the step's read-back (the sampled ids, copied to pinned
 memory and waited on by an event on a GPU) blocks that thread, not the scheduler. Steps run one at a
 time, in launch order, and the engine asks for N's output before it launches N+1, so the runner's
-state is only ever touched by one step at a time. :class:`ReadyOutput` is the handle of a step that
-already ran (a runner without a step thread).
+state is only ever touched by one step at a time. :class:`~atom.step_contract.ReadyOutput` is the handle
+of a step that already ran (a runner without a step thread).
 """
 
 from __future__ import annotations
@@ -18,19 +18,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-__all__ = ["ReadyOutput", "StepThread"]
-
-
-class ReadyOutput:
-    """The handle of a step that ran to completion when it was launched."""
-
-    __slots__ = ("_out",)
-
-    def __init__(self, out: Any) -> None:
-        self._out = out
-
-    def result(self) -> Any:
-        return self._out
+__all__ = ["StepThread"]
 
 
 class StepThread:
