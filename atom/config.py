@@ -372,6 +372,9 @@ class ParallelConfig:
     """How the model is split across ranks (``docs/parallelism.md``).
 
     ``tensor_parallel_size`` ranks split the query heads, output groups, vocabulary and experts;
+    ``data_parallel_size`` attention replicas of ``tensor_parallel_size`` ranks each (``world_size`` =
+    their product) each run their own requests over their own arena, while the routed experts are
+    split over all ``world_size`` ranks;
     ``enable_expert_parallel`` partitions the routed experts whole instead of splitting each one;
     ``replicate_attention`` keeps the whole attention on every rank (heads not split) while the
     experts and the vocabulary are still split; ``distributed_executor_backend`` says who starts
@@ -382,9 +385,11 @@ class ParallelConfig:
     enable_expert_parallel: bool = False
     replicate_attention: bool = False
     distributed_executor_backend: str = "mp"
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         require_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        require_int("data_parallel_size", self.data_parallel_size, 1)
         for name in ("enable_expert_parallel", "replicate_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
@@ -394,7 +399,15 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.tensor_parallel_size
+        """Ranks in the group: ``data_parallel_size`` replicas of ``tensor_parallel_size`` ranks."""
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    def replica_of(self, rank: int) -> int:
+        """The attention replica rank ``rank`` belongs to (replica ``d`` = ranks ``d*T .. d*T+T-1``)."""
+        require_int("rank", rank, 0)
+        if rank >= self.world_size:
+            raise ValueError(f"rank={rank} is outside a group of {self.world_size} ranks")
+        return rank // self.tensor_parallel_size
 
 
 @dataclass(frozen=True)

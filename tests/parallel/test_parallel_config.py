@@ -38,3 +38,16 @@ def test_a_size_that_does_not_split_the_model_fails_before_any_worker_starts(tin
                           CacheConfig(kv_cache_bytes=4 << 20), ParallelConfig(3))
     with pytest.raises(ValueError, match=r"vocab_size=512 is not a multiple of the parallel size 3.*\[1, 2\]"):
         build_engine(config)
+
+
+def test_data_parallel_replicas_multiply_the_ranks_and_own_consecutive_ranks():
+    par = ParallelConfig(2, data_parallel_size=3)
+    assert par.world_size == 6
+    assert [par.replica_of(r) for r in range(6)] == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(ValueError, match="outside a group of 6 ranks"):
+        par.replica_of(6)
+
+
+def test_a_data_parallel_size_below_one_is_refused():
+    with pytest.raises(ValueError, match="data_parallel_size=0 must be an integer >= 1"):
+        ParallelConfig(data_parallel_size=0)
