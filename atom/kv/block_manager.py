@@ -32,11 +32,12 @@ runs the same block manager over a fixed split or an ATOM-style arena to compare
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from atom.config import CacheConfig
 from atom.kv.chunk_arena import ArenaEmpty
 from atom.kv.compressed_pool import CompressedPool
+from atom.kv.kv_block import chain_hashes
 from atom.kv.kv_holdings import KvHoldings
 from atom.kv.kv_layout import KvLayout
 from atom.kv.tables import NewTables, TableUpdate
@@ -100,6 +101,21 @@ class BlockManager:
     def match_prefix(self, seq: KvRequest) -> PrefixMatch:
         """What ``seq`` could reuse now (no side effects). The last token always runs."""
         return self._match(seq)[0]
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        """Tokens of a prompt ``token_ids`` that admitting it now would take from the cache (the hit
+        :meth:`admit` counts: whole blocks, bounded by the cached window and the CSA state). Read
+        only: it claims nothing and moves nothing in the LRU order, so a router may ask every
+        replica about every request."""
+        limit = (len(token_ids) - 1) // self.block_size
+        if not self.prefix_caching or limit <= 0:
+            return 0
+        hashes: list[int] = []
+        keys: list[bytes] = []
+        chain_hashes(token_ids, self.block_size, limit, hashes, keys)
+        chain = self.index.chain(hashes, keys, limit)
+        comp = self.comp.hit_blocks(chain) if self.has_compressed else len(chain)
+        return self.swa.bounded_hit(chain, comp, token_ids)[1] * self.block_size
 
     def _match(self, seq: KvRequest) -> tuple[PrefixMatch, list[PrefixNode]]:
         limit = (len(seq) - 1) // self.block_size

@@ -127,6 +127,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def waiting_tokens(self) -> int:
+        """Tokens of the queued requests, none admitted yet: what they will prefill before any prefix
+        hit (a preempted request counts its outputs too: it recomputes them). A load signal for a
+        router choosing between replicas; O(queued requests)."""
+        return sum(len(seq) for seq in self.waiting)
+
     def has_ended(self) -> bool:
         """Whether requests finished outside a step's postprocess wait to be taken (:meth:`take_ended`)."""
         return bool(self._ended)
