@@ -58,6 +58,7 @@ OPS: dict[str, tuple[str, str, str]] = {
     "hc_sinkhorn": ("hc_sinkhorn", "hc_sinkhorn", "hc_sinkhorn_ref"),
     "entry_pool": ("entry_pool", "entry_pool", "entry_pool_ref"),
     "fused_moe": ("fused_moe", "fused_moe", "fused_moe_ref"),
+    "copy_pages": ("page_copy", "copy_pages", "copy_pages_reference"),
 }
 
 _AITER: dict[str, Callable] = {}
