@@ -30,6 +30,7 @@ import torch
 
 from atom.config import load_hf_config, preset_path
 from atom.kv_group import CSA_OVERLAP_ROWS, CSA_RATIO, CSA_STATE_RING
+from atom.models.deepseek_v4.config import DeepseekV4Config
 
 from ._common import HAS_TRITON, value_checks_off
 from .compile_stats import HW_TARGETS, HwTarget, KernelStats, kernel_stats
@@ -104,6 +105,10 @@ def _i32(*shape: int, fill: int = 0) -> torch.Tensor:
     return torch.full(shape, fill, dtype=torch.int32)
 
 
+def _i64(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.int64)
+
+
 def _f32(*shape: int) -> torch.Tensor:
     return torch.zeros(shape, dtype=torch.float32)
 
@@ -133,7 +138,8 @@ def _stacked_experts(g: Geometry, fmt: str) -> tuple[torch.Tensor, ...]:
 def variants(g: Geometry) -> list[Variant]:
     """Every kernel variant the engine launches at ``g``'s shapes (decode batch :data:`DECODE_TOKENS`)."""
     from . import (compressed_write, compressor_state, entry_pool, fp8_ds_mla, fp8_gemm, fp8_index_key, fused_moe,
-                   hc_sinkhorn, hca_state, index_score, mxfp4_gemm, paged_index, sparse_attention, swa_write)
+                   hc_sinkhorn, hca_state, index_score, mxfp4_gemm, page_copy, paged_index, sparse_attention,
+                   swa_write)
     t, rc, kc = DECODE_TOKENS, g.row_codec, g.key_codec
     seqs, cu, start = _i32(t), torch.arange(t + 1, dtype=torch.int32), _i32(t)
     main_rows, key_rows = _u8(ROWS, rc.row_bytes), _u8(ROWS, kc.row_bytes)
@@ -215,6 +221,10 @@ def variants(g: Geometry) -> list[Variant]:
     add("codec", "fp8_index_key_quantize", lambda: fp8_index_key.fp8_index_key_quantize(
         _bf16(t, g.index_dim), _u8(t, kc.row_bytes), layout=kc))
     add("codec", "fp8_index_key_dequantize", lambda: fp8_index_key.fp8_index_key_dequantize(key_rows, layout=kc))
+    spec = DeepseekV4Config.from_preset(MODELS[g.model]).kv_spec()
+    for label, nbytes in (("swa", spec.swa_block_bytes), ("compressed", spec.compressed_block_bytes)):
+        add("kv copy", f"copy_pages {label} page {nbytes} B", lambda nbytes=nbytes: page_copy.copy_pages(
+            _u8(2, nbytes), _i64(t), _u8(2, nbytes), _i64(t)))
     return out
 
 

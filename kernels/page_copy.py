@@ -23,17 +23,18 @@ The value checks (ranges, repeats, read/write overlap) read the index tensors an
 already validated.
 
 The Triton kernel moves the rows as the widest integer that divides ``page_bytes``, both row strides and
-both base addresses (8, 4, 2 or 1 bytes), so a 4 KiB-aligned arena page moves as ``int64`` words. Grid:
-byte tiles of ``BLOCK_W`` words on axis 0 (a 4 MiB SWA page is 1,024 tiles of 512 words on a GPU) and
-groups of ``BLOCK_P`` pages on axis 1; tile sizes are the row-copy family's of :mod:`atom.kernels.tiles`.
+both base addresses (8, 4, 2 or 1 bytes), so an 8-byte-aligned arena page moves as ``int64`` words. Grid:
+byte tiles of ``BLOCK_W`` words on axis 0 (on a GPU 2 KiB per page: a 4 MiB V4-Flash SWA page is 2,026
+tiles of 256 words) and groups of ``BLOCK_P`` pages on axis 1 (16 on a GPU); the tiles are the row-copy
+family's of :mod:`atom.kernels.tiles`, its width counted in bytes (4 per element).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._common import HAS_TRITON, check_range, check_same_device, launch_tiles, require_triton, triton, tl, \
-    value_checks_enabled
+from ._common import (HAS_TRITON, check_range, check_same_device, launch_tiles, next_pow2, require_triton, triton,
+                      tl, value_checks_enabled)
 
 __all__ = ["copy_pages", "copy_pages_reference", "word_bytes"]
 
@@ -167,6 +168,14 @@ if HAS_TRITON:
         tl.store(dst_ptr + d[:, None] * dst_stride + w[None, :], x, mask=m)
 
 
+def _tiles(device: torch.device, words: int, size: int) -> tuple[int, int]:
+    """(pages per program, words per program): the row-copy family's tile, whose width counts 4-byte
+    elements, turned into the same bytes of ``size``-byte words (a program moves the same bytes whatever the
+    word; on sm90 an int64 tile of the element width would hold twice the registers)."""
+    rows, width4 = launch_tiles(device, -(-words * size // 4))
+    return rows, min(next_pow2(words), max(1, width4 * 4 // size))
+
+
 def copy_pages(src: torch.Tensor, src_pages: torch.Tensor, dst: torch.Tensor, dst_pages: torch.Tensor) -> None:
     """Copy page ``src_pages[i]`` of ``src`` to page ``dst_pages[i]`` of ``dst`` for every ``i``, in one launch.
 
@@ -185,7 +194,7 @@ def copy_pages(src: torch.Tensor, src_pages: torch.Tensor, dst: torch.Tensor, ds
         return
     size = word_bytes(src, dst)
     s, d = _as_words(src, size), _as_words(dst, size)
-    rows, bw = launch_tiles(src.device, s.shape[1])
+    rows, bw = _tiles(src.device, s.shape[1], size)
     grid = (triton.cdiv(s.shape[1], bw), triton.cdiv(n, rows))
     _copy_pages_kernel[grid](s, src_pages, d, dst_pages, n, s.shape[1], s.stride(0), d.stride(0),
                              BLOCK_P=rows, BLOCK_W=bw)
