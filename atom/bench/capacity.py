@@ -34,6 +34,13 @@ Each geometry's header also gives the exact KV bytes of one 1M-token request
 Then, per model, what one rank holds under tensor parallelism (:mod:`atom.bench.parallel_capacity`):
 its weights, its KV budget on a ``--device-gib`` device at ``--memory-utilization``, and the KV tokens
 its arena holds, which is the group's capacity (the latent KV is one head, replicated on every rank).
+Then the same under data-parallel attention with expert parallelism, on 80 and 141 GiB devices at 8
+and 16 ranks: every layout of ``D`` replicas x ``T`` ranks (TP ``T`` inside a replica, experts over
+all ranks), its weights per rank (experts + the replica-split attention, embedding, head and shared
+expert, which every replica holds in full + what every rank holds), the KV tokens per replica and of
+the group (``D`` x a replica's), against tensor parallelism on the same ranks, and the line
+``dp_kv_vs_tp flash_8=<x> pro_16=<y>``: the group's KV tokens with one rank per replica over TP's, 141
+GiB devices at 0.9 utilization (:func:`atom.bench.parallel_capacity.dp_report`).
 
 The last line is ``capacity_vs_oracle_min=<x> vs_atom_style_min=<y> vs_fixed_split_min=<z>``: the
 minimum over every geometry and mix of the arena's capacity divided by each other design's.
@@ -265,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     presets = tuple(dict.fromkeys(preset for preset, _ in GEOMETRIES))
     print(parallel_capacity.report(presets, args.device_gib, args.memory_utilization, args.max_live_requests))
+    print()
+    print(parallel_capacity.dp_report(presets, args.memory_utilization, args.max_live_requests))
     print()
     print(f"capacity_vs_oracle_min={min(ratios['oracle']):.4f} vs_atom_style_min={min(ratios['atom']):.4f} "
           f"vs_fixed_split_min={min(ratios['fixed']):.4f}")
