@@ -279,6 +279,9 @@ class CacheConfig:
     ``gpu_memory_utilization`` (a fraction in (0, 1], None = off): on a GPU, size the arena from what the
     device has left after the weights and a profiled step (``atom/model_executor/memory_profile.py``)
     instead of ``kv_cache_bytes``.
+    ``host_kv_cache_bytes`` (0 = off): the host-memory tier under the arena (``atom/kv/host_pool.py``):
+    published blocks the arena evicts are written back there and restored on a later hit
+    (``docs/prefix_cache.md``); it holds whole chunks of the arena's geometry, so it needs at least one.
     """
 
     kv_cache_bytes: int = 1 << 30
@@ -292,9 +295,11 @@ class CacheConfig:
     max_chunk_pages: int = 8
     kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float | None = None
+    host_kv_cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         require_int("kv_cache_bytes", self.kv_cache_bytes, 1)
+        require_int("host_kv_cache_bytes", self.host_kv_cache_bytes, 0, note="0 = no host tier")
         f = self.gpu_memory_utilization
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0):
             raise ValueError(f"gpu_memory_utilization={f!r} must be a fraction in (0, 1] (or None: size the arena "

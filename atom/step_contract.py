@@ -6,6 +6,10 @@ tables are shipped once (``new_tables``, when it is admitted), then only the ent
 grow with context length. Every table entry is a
 physical page or -1 (no page: out of window, never materialised); kernels skip -1, never fall back
 to page 0.
+
+The host tier's copy orders ride in the batch too (``host_stores``: device pages written back to host
+pages, ``host_loads``: host pages restored into device pages, :class:`HostCopy`); the runner executes
+every store, then every load, before the step's forward.
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from atom.kv.tables import NewTables, TableUpdate
+from atom.kv.tables import HostCopy, NewTables, TableUpdate
 from atom.output.request_output import TokenLogprobs
 from atom.sampling_params import SamplingParams
 
-__all__ = ["ScheduledSeq", "ScheduledBatch", "RunnerOutput", "ReadyOutput"]
+__all__ = ["ScheduledSeq", "ScheduledBatch", "RunnerOutput", "ReadyOutput", "HostCopy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,8 @@ class ScheduledBatch:
     new_tables: tuple[NewTables, ...]
     table_updates: tuple[TableUpdate, ...]
     released_ids: tuple[int, ...]  # requests whose runner-side tables can be dropped
+    host_stores: tuple[HostCopy, ...] = ()  # device -> host page copies, before the loads
+    host_loads: tuple[HostCopy, ...] = ()  # host -> device page copies, before the forward
 
     @property
     def num_tokens(self) -> int:

@@ -37,10 +37,11 @@ from typing import Iterable, Sequence
 from atom.config import CacheConfig
 from atom.kv.chunk_arena import ArenaEmpty
 from atom.kv.compressed_pool import CompressedPool
+from atom.kv.host_pool import HostPool
 from atom.kv.kv_block import chain_hashes
 from atom.kv.kv_holdings import KvHoldings
 from atom.kv.kv_layout import KvLayout
-from atom.kv.tables import NewTables, TableUpdate
+from atom.kv.tables import HostCopy, NewTables, TableUpdate
 from atom.kv.page_map import COMPRESS, STATE, SWA, LogicalPageMap
 from atom.kv.pin_guard import longest_fitting_chunk, pinned_prefix_blocks
 from atom.kv.prefix_index import PrefixIndex, PrefixNode
@@ -61,6 +62,7 @@ class PrefixMatch:
     compressed: int  # contiguous compressed blocks found
     evicted: int  # further blocks whose compressed KV was cached once but evicted
     window_bound: int  # the compressed hit bounded by a cached SWA window
+    from_host: int = 0  # blocks of the hit past what the device alone holds (restored from the host tier)
 
 
 class BlockManager:
@@ -90,12 +92,30 @@ class BlockManager:
                                      self.has_compressed, mtp_rows)
         self.slots = StatePages(self.arena, spec.request_state_bytes > 0)
         self.comp.pool.on_evict = self.swa.unpin_node
+        self.host = self._host_tier(layout, cache)
         self.holdings: dict[int, KvHoldings] = {}
         self.updates: list[TableUpdate] = []
         self.counters = PrefixStats()  # totals over admitted requests (first admission only), for metrics
         self.waits_for_prefix = 0  # steps a waiting request waited for a running request to publish its prefix
         # hash of a running request's next prompt block to publish -> (that request, its block hashes)
         self._frontier: dict[int, tuple[int, list[int]]] = {}
+
+    def _host_tier(self, layout: KvLayout, cache: CacheConfig) -> HostPool | None:
+        """The host tier under the arena (``cache.host_kv_cache_bytes`` > 0 with prefix caching): the
+        pools write published blocks back to it when they evict them."""
+        if not cache.host_kv_cache_bytes or not self.prefix_caching:
+            return None
+        host = HostPool(layout, cache.host_kv_cache_bytes, self.index)
+        comp, swa = self.comp.pool, self.swa.pool
+        comp.write_back = lambda bid, node: host.store(COMPRESS, node, comp.pages[bid])
+        mtp = self.swa.mtp_rows
+
+        def swa_back(bid: int, node: PrefixNode) -> None:
+            if self.has_compressed and node.comp < 0 and node.host_comp < 0:
+                return  # a window whose compressed prefix is gone on both tiers unlocks nothing
+            host.store(SWA, node, swa.pages[bid], self.swa.next_token[bid] if mtp else -1)
+        swa.write_back = swa_back
+        return host
 
     # ---- prefix matching ----------------------------------------------------------------------
     def match_prefix(self, seq: KvRequest) -> PrefixMatch:
@@ -124,11 +144,21 @@ class BlockManager:
         hashes = seq.hashes_upto(limit)
         chain = self.index.chain(hashes, seq.block_keys, limit)
         comp = self.comp.hit_blocks(chain) if self.has_compressed else len(chain)
+        host = self.host
+        if host is not None and self.has_compressed:
+            both = next((j for j, node in enumerate(chain) if node.comp < 0 and node.host_comp < 0), len(chain))
+        else:
+            both = comp
         evicted = 0
-        while comp + evicted < limit and hashes[comp + evicted] in self.comp.pool.evicted_hashes:
+        while both + evicted < limit and hashes[both + evicted] in self.comp.pool.evicted_hashes:
             evicted += 1
         window, full = self.swa.bounded_hit(chain, comp, seq.token_ids)
-        return PrefixMatch(full, comp, evicted, window), chain
+        if host is None:
+            return PrefixMatch(full, comp, evicted, window), chain
+        window_h, full_h = self.swa.bounded_hit(chain, both, seq.token_ids, host.next_token)
+        if full_h <= full:
+            return PrefixMatch(full, both, evicted, max(window, window_h)), chain
+        return PrefixMatch(full_h, both, evicted, window_h, full_h - full), chain
 
     def published_block(self, owner: str, seq: KvRequest, j: int) -> int | None:
         """The ``owner`` block published for block ``j`` of ``seq``'s exact prefix, else None."""
@@ -152,15 +182,21 @@ class BlockManager:
         match, chain = self._match(seq)
         start, blocks = match.blocks * self.block_size, match.blocks
         num_new = min(len(seq) - start, max_new)
-        claimed = {COMPRESS: [chain[j].comp for j in range(blocks)] if self.has_compressed else [],
-                   SWA: [chain[j].swa for j in range(max(0, blocks - self.swa.tail_blocks), blocks)]}
-        if not self._admission_fits(blocks, num_new, claimed):
+        window = range(max(0, blocks - self.swa.tail_blocks), blocks)
+        claimed = {COMPRESS: [chain[j].comp for j in range(blocks) if chain[j].comp >= 0] if self.has_compressed else [],
+                   SWA: [chain[j].swa for j in window if chain[j].swa >= 0]}
+        restore = {COMPRESS: [chain[j] for j in range(blocks) if chain[j].comp < 0] if self.has_compressed else [],
+                   SWA: [chain[j] for j in window if chain[j].swa < 0]} if match.from_host else None
+        extra = (len(restore[SWA]), len(restore[COMPRESS])) if restore else (0, 0)
+        if not self._admission_fits(blocks, num_new, claimed, extra=extra):
             return 0
         if self.swa.num_pins:
             within = {SWA: claimed[SWA],
                       COMPRESS: pinned_prefix_blocks(self.swa, self.comp.pool).union(claimed[COMPRESS])}
             num_new = longest_fitting_chunk(start, num_new, self.block_size,
-                                            lambda m: self._admission_fits(blocks, m, within, True)) or num_new
+                                            lambda m: self._admission_fits(blocks, m, within, True, extra)) or num_new
+        if restore:
+            self._restore(restore, claimed)
         h = self.holdings[seq.seq_id] = KvHoldings(seq.seq_id, self.updates)
         self._claim_hit(h, chain, blocks)
         seq.num_computed_tokens = seq.num_cached_tokens = start
@@ -174,15 +210,16 @@ class BlockManager:
         return num_new
 
     def _admission_fits(self, blocks: int, num_new: int, claimed: dict[str, Iterable[int]],
-                        keep_pins: bool = False) -> bool:
+                        keep_pins: bool = False, extra: tuple[int, int] = (0, 0)) -> bool:
         """Whether claiming a hit of ``blocks`` blocks (its ``claimed`` ids) and backing ``num_new``
         tokens after it would find room (:meth:`grow` after :meth:`_claim_hit`), decided without
         claiming anything: the claimed blocks leave the cache, and a pin they carry is no longer
-        releasable (:meth:`_room_possible`)."""
+        releasable (:meth:`_room_possible`). ``extra``: (SWA, compressed) pages of hit blocks restored
+        from the host tier, backed together with the first chunk (all or nothing)."""
         b = self.block_size
         end = blocks * b + num_new
-        comp = max(0, -(-end // b) - blocks) if self.has_compressed else 0
-        swa = (end - 1) // b - blocks + 1
+        comp = max(0, -(-end // b) - blocks) + extra[1] if self.has_compressed else 0
+        swa = (end - 1) // b - blocks + 1 + extra[0]
         state = int(self.slots.has_state)
         return self.arena.can_alloc(swa, comp, state) or self._room_possible(swa, comp, state, claimed, keep_pins)
 
@@ -208,6 +245,30 @@ class BlockManager:
             return self._room_possible(swa, comp, state, {COMPRESS: protected}, keep_pins=True)
         return longest_fitting_chunk(start, num_new, b, fits) or min(num_new, b - start % b)
 
+    def _restore(self, restore: dict[str, list[PrefixNode]], claimed: dict[str, list[int]]) -> None:
+        """Give the hit's host-only blocks device pages again: room is made without touching the hit's
+        device blocks (``claimed``) or the copies about to be read, each block is published back at its
+        node with a load order for its page, and left cached for :meth:`_claim_hit` to claim."""
+        host = self.host
+        for owner, nodes in restore.items():
+            for node in nodes:
+                host.protect(owner, node)
+        self._make_room(len(restore[SWA]), len(restore[COMPRESS]), protect=claimed)
+        for owner, pool in ((COMPRESS, self.comp.pool), (SWA, self.swa.pool)):
+            nodes = restore[owner]
+            if not nodes:
+                continue
+            ids, pages = pool.allocate(len(nodes))
+            for bid, page, node in zip(ids, pages, nodes):
+                if owner == SWA:
+                    pool.captured[bid] = True
+                    if self.swa.mtp_rows:
+                        self.swa.next_token[bid] = host.next_token.get(node.host_swa, -1)
+                host.load(owner, node, page)
+                published = pool.publish(bid, node)
+                assert published, f"{owner}: restored block {bid} could not be published at {node}"
+            pool.release_many(ids, keep=True)
+
     def _claim_hit(self, h: KvHoldings, chain: list[PrefixNode], blocks: int) -> None:
         if self.has_compressed:
             self.comp.claim_hit(h, chain, blocks)
@@ -231,7 +292,10 @@ class BlockManager:
         st.lost_to_evicted_kv = match.evicted * b
         st.lost_to_swa_window = (match.compressed - match.window_bound) * b
         st.lost_to_csa_state = (match.window_bound - match.blocks) * b
+        st.reused_from_host = match.from_host * b
         self.counters.add(st)
+        if self.host is not None:
+            self.host.stats.host_hit_tokens += st.reused_from_host
 
     # ---- burst arrivals: wait for a prefix that a running request is computing -----------------
     def _set_frontier(self, seq: KvRequest, old: int, new: int) -> None:
@@ -295,11 +359,13 @@ class BlockManager:
         if state_new:
             self.slots.take(h)
 
-    def _make_room(self, swa: int, comp: int, state: int = 0, within_pins: bool = False) -> None:
+    def _make_room(self, swa: int, comp: int, state: int = 0, within_pins: bool = False,
+                   protect: dict[str, list[int]] | None = None) -> None:
         """Evict until the new pages fit; :class:`ArenaEmpty` (evicting nothing) when even evicting
         every cached block and releasing every pin would not be enough. ``within_pins``: when the room
         can be made without touching a pin, the compressed blocks the pins need are skipped and no
-        pin is released."""
+        pin is released. ``protect`` (owner -> cached block ids): blocks never evicted (a hit about
+        to be claimed)."""
         if self.arena.can_alloc(swa, comp, state):
             return
         keep: set[int] | None = None  # compressed blocks not to evict; None: pins may go as usual
@@ -307,11 +373,12 @@ class BlockManager:
             protected = pinned_prefix_blocks(self.swa, self.comp.pool)
             if self._room_possible(swa, comp, state, {COMPRESS: protected}, keep_pins=True):
                 keep = protected
-        if keep is None and not self._room_possible(swa, comp, state):
+        if keep is None and not self._room_possible(swa, comp, state, protect):
             raise ArenaEmpty(f"no room for {swa} SWA + {comp} compressed + {state} state pages even after "
                              "evicting the whole cache")
         pools = {SWA: self.swa.pool, COMPRESS: self.comp.pool}  # the state owner caches nothing
-        skip = {SWA: frozenset(), COMPRESS: keep or frozenset()}
+        protect = protect or {}
+        skip = {SWA: frozenset(protect.get(SWA, ())), COMPRESS: (keep or frozenset()).union(protect.get(COMPRESS, ()))}
         while not self.arena.can_alloc(swa, comp, state):
             short = [o for o, n in ((SWA, swa), (COMPRESS, comp)) if self.arena.chunks_needed(**{o: n}) > 0]
             if any(pools[o].evict_lru(skip[o]) for o in short):
@@ -392,14 +459,27 @@ class BlockManager:
         # the holdings object is dropped with its tables: nothing reads it again
 
     def reset_prefix_cache(self) -> int:
-        """Evict every cached block of both pools; returns how many."""
-        return self.comp.pool.unpublish_all_cached() + self.swa.pool.unpublish_all_cached()
+        """Evict every cached block of both pools, and drop every host copy; returns the device blocks
+        evicted."""
+        n = self._evict_all_cached()
+        if self.host is not None:
+            self.host.clear()
+        return n
 
     def drop_cache(self) -> int:
         """Release every retention pin, then evict every cached block (the last resort that lets a
-        lone request start again on an arena holding nothing else); returns blocks evicted."""
+        lone request start again on an arena holding nothing else; the host tier keeps copies of them);
+        returns blocks evicted."""
         self.swa.release_all_pins()
-        return self.reset_prefix_cache()
+        return self._evict_all_cached()
+
+    def _evict_all_cached(self) -> int:
+        return self.comp.pool.unpublish_all_cached() + self.swa.pool.unpublish_all_cached()
+
+    def take_host_copies(self) -> tuple[tuple[HostCopy, ...], tuple[HostCopy, ...]]:
+        """(stores, loads) the host tier ordered since the last call (the step being built); empty
+        without a host tier."""
+        return ((), ()) if self.host is None else self.host.take_orders()
 
     # ---- the runner's view ----------------------------------------------------------------------
     def ship_tables(self, seq_id: int) -> NewTables:
@@ -434,5 +514,7 @@ class BlockManager:
         self.arena.check_integrity()
         self.slots.check_integrity(list(self.holdings.values()))
         self.index.check_integrity([h.tip for h in self.holdings.values() if h.tip is not None])
+        if self.host is not None:
+            self.host.check_integrity()
         assert self.swa.num_pins <= max(self.swa.max_pins, 0)
         assert all(sid in self.holdings for sid, _ in self._frontier.values()), "frontier of a gone request"

@@ -64,6 +64,8 @@ class BlockPool:
         self.evicted_hashes: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
         self.on_evict: Callable[[PrefixNode], None] = lambda node: None
+        # the host tier's write-back: (block id, its node) of a published block about to be evicted
+        self.write_back: Callable[[int, PrefixNode], None] | None = None
         # recompute tokens a cached block saves (the owner's policy; None: all equal, plain LRU)
         self.unlock_tokens: Callable[[int], int] | None = None
         self._clock = 0
@@ -199,6 +201,8 @@ class BlockPool:
         assert block_id in self._cached, f"{self.owner}: evict of non-cached block {block_id}"
         del self._cached[block_id]
         self._uncount(block_id)
+        if self.write_back is not None:
+            self.write_back(block_id, self.node[block_id])
         self.on_evict(self.node[block_id])
         self._free_many([block_id])
         self.num_evictions += 1

@@ -6,10 +6,11 @@ block 0 and accepts a node only if its parent is the node accepted for the block
 equals the query's, so a hash collision (even with a truncated hash) can never serve KV computed
 under another prefix.
 
-Each pool publishes at most one block per node (``node.comp`` / ``node.swa``: the block id, or -1).
-A node lives while a block is published at it, a child node hangs on it, or a request holds it as
-the tip of its published chain (``refs`` counts all three); the last release removes it and walks up
-the chain.
+Each pool publishes at most one block per node (``node.comp`` / ``node.swa``: the block id, or -1);
+the host tier keeps at most one copy of each per node (``node.host_comp`` / ``node.host_swa``: the host
+page, or -1). A node lives while a block or host copy is published at it, a child node hangs on it, or
+a request holds it as the tip of its published chain (``refs`` counts all four); the last release
+removes it and walks up the chain.
 """
 
 from __future__ import annotations
@@ -22,16 +23,19 @@ __all__ = ["PrefixNode", "PrefixIndex"]
 class PrefixNode:
     """One block of a published prefix; ``depth`` is its block index in the prompt."""
 
-    __slots__ = ("block_hash", "parent", "key", "refs", "comp", "swa", "depth")
+    __slots__ = ("block_hash", "parent", "key", "refs", "comp", "swa", "host_comp", "host_swa", "depth")
 
     def __init__(self, block_hash: int, parent: PrefixNode | None, key: bytes, depth: int) -> None:
         self.block_hash, self.parent, self.key, self.depth = block_hash, parent, key, depth
         self.refs = 0
         self.comp = -1  # the compressed block published here, or -1
         self.swa = -1  # the SWA block published here, or -1
+        self.host_comp = -1  # the host page holding a copy of the compressed block, or -1
+        self.host_swa = -1  # the host page holding a copy of the SWA block, or -1
 
     def __repr__(self) -> str:
-        return f"PrefixNode({self.block_hash:#x}, depth={self.depth}, refs={self.refs}, comp={self.comp}, swa={self.swa})"
+        return (f"PrefixNode({self.block_hash:#x}, depth={self.depth}, refs={self.refs}, comp={self.comp}, "
+                f"swa={self.swa}, host_comp={self.host_comp}, host_swa={self.host_swa})")
 
 
 class PrefixIndex:
@@ -76,6 +80,10 @@ class PrefixIndex:
             parent = node
         return out
 
+    def holds(self, node: PrefixNode) -> bool:
+        """Whether ``node`` is indexed (alive)."""
+        return self._nodes.get(node.block_hash) is node
+
     @staticmethod
     def ref(node: PrefixNode) -> None:
         node.refs += 1
@@ -92,8 +100,9 @@ class PrefixIndex:
             node = node.parent
 
     def check_integrity(self, tips: Sequence[PrefixNode]) -> None:
-        """refs == published blocks + children + holders' tips, for every node; all reachable."""
-        expect = {id(n): (n.comp >= 0) + (n.swa >= 0) for n in self._nodes.values()}
+        """refs == published blocks + host copies + children + holders' tips, for every node; all reachable."""
+        expect = {id(n): (n.comp >= 0) + (n.swa >= 0) + (n.host_comp >= 0) + (n.host_swa >= 0)
+                  for n in self._nodes.values()}
         for n in self._nodes.values():
             if n.parent is not None:
                 assert self._nodes.get(n.parent.block_hash) is n.parent, f"{n}: parent not indexed"

@@ -22,6 +22,7 @@ class PrefixStats:
     lost_to_evicted_kv: int = 0  # the compressed KV was cached, then evicted
     lost_to_swa_window: int = 0  # compressed KV cached, but no cached sliding window ends there
     lost_to_csa_state: int = 0  # a window is cached, but not the CSA compressor state at its boundary
+    reused_from_host: int = 0  # of ``reused``, tokens the device cache alone could not serve (host tier)
 
     def add(self, other: PrefixStats) -> None:
         """Add ``other``'s tokens to these (totals over requests)."""
@@ -30,3 +31,4 @@ class PrefixStats:
         self.lost_to_evicted_kv += other.lost_to_evicted_kv
         self.lost_to_swa_window += other.lost_to_swa_window
         self.lost_to_csa_state += other.lost_to_csa_state
+        self.reused_from_host += other.reused_from_host

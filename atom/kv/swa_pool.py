@@ -72,32 +72,43 @@ class SlidingWindowPool:
         Eviction weighs it against age, so a window that unlocks a long cached document outlives
         windows that unlock nothing."""
         node = self.pool.node[bid]
-        if node is None or not self.has_compressed or node.comp < 0:
+        if node is None or not self.has_compressed or (node.comp < 0 and node.host_comp < 0):
             return 0
         if self.needs_state and not self.pool.captured[bid]:
             return 0
         return (node.depth + 1) * self.block_size
 
     # ---- prefix hits --------------------------------------------------------------------------
-    def bounded_hit(self, chain: Sequence[PrefixNode], limit: int, tokens: Sequence[int] = ()) -> tuple[int, int]:
+    def bounded_hit(self, chain: Sequence[PrefixNode], limit: int, tokens: Sequence[int] = (),
+                    host_next: dict[int, int] | None = None) -> tuple[int, int]:
         """(largest boundary <= ``limit`` whose trailing window blocks are all cached, the same also
         requiring the captured CSA state in the block before it). Both 0 when nothing qualifies
         (recompute from the start). With MTP rows, a boundary ``b`` also needs ``tokens[b * block_size]``
         (the querying request's token after it) to be the token its last window block's MTP row was
         computed with. Boundaries are tried from ``limit`` down, so a hit near the end of the chain
-        costs a few window checks, not a pass over the chain."""
+        costs a few window checks, not a pass over the chain.
+
+        ``host_next`` (the host tier's SWA next tokens, when it is on): a window block with no device
+        block but a host copy counts as cached (a copy was published, so its state was captured)."""
         tail, captured, b_size = self.tail_blocks, self.pool.captured, self.block_size
         follows = self.next_token if self.mtp_rows else None
-        swa = [node.swa for node in chain[:limit]]
+        nodes = chain[:limit]
+        if host_next is None:
+            swa = [node.swa for node in nodes]
+        else:  # a host-only copy as -2 - its host page
+            swa = [node.swa if node.swa >= 0 else (-2 - node.host_swa if node.host_swa >= 0 else -1)
+                   for node in nodes]
         window_only = with_state = 0
         for b in range(limit, 0, -1):
             bid = swa[b - 1]
-            if bid < 0 or min(swa[max(0, b - tail):b]) < 0:
+            if bid == -1 or -1 in swa[max(0, b - tail):b]:
                 continue
-            if follows is not None and follows[bid] != tokens[b * b_size]:
-                continue
+            if follows is not None:
+                after = follows[bid] if bid >= 0 else host_next.get(-2 - bid, -1)
+                if after != tokens[b * b_size]:
+                    continue
             window_only = window_only or b
-            if not self.needs_state or captured[bid]:
+            if not self.needs_state or bid < 0 or captured[bid]:
                 with_state = b
                 break
         return window_only, (with_state if self.needs_state else window_only)

@@ -5,7 +5,7 @@ entries that changed (:class:`TableUpdate`, one per run of consecutive entries),
 does not grow with context length. Every entry is a physical page or -1 (no page: out of window,
 never materialised). The step loop carries these in its batch (:mod:`atom.step_contract`); they are
 defined here because the block manager writes them and the KV package imports nothing of the step
-loop.
+loop. The host tier's copy orders (:class:`HostCopy`) travel the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from atom.kv.page_map import Owner
 
-__all__ = ["TableUpdate", "NewTables"]
+__all__ = ["TableUpdate", "NewTables", "HostCopy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,3 +35,20 @@ class NewTables:
     seq_id: int
     comp_pages: tuple[int, ...]
     swa_pages: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HostCopy:
+    """Copy whole pages of arena owner ``owner`` (``"swa"`` / ``"compress"``): page ``src_pages[i]`` to
+    page ``dst_pages[i]``. In a batch's ``host_stores`` the sources are device pages and the
+    destinations host pages; in ``host_loads`` the reverse. No destination repeats within one order.
+    The runner executes, before the step's forward, every store, then every load."""
+
+    owner: Owner
+    src_pages: tuple[int, ...]
+    dst_pages: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.src_pages) != len(self.dst_pages):
+            raise ValueError(f"HostCopy of {self.owner}: {len(self.src_pages)} source pages but "
+                             f"{len(self.dst_pages)} destination pages")

@@ -197,6 +197,8 @@ class Scheduler:
                                     item.state_slot, item.state_reset, item.restore_page, item.params, item.history)
             seqs.append(item)
         updates = tuple(u for u in batch.table_updates + tuple(self.bm.take_updates()) if u.seq_id not in gone)
+        # (host copies ordered since the ahead schedule, if any, stay pending for the next batch: a store
+        # must not run after this batch's loads, which may read the host page it writes)
         return replace(batch, seqs=tuple(seqs), table_updates=updates, released_ids=batch.released_ids + released,
                        new_tables=tuple(t for t in batch.new_tables if t.seq_id not in gone))
 
@@ -338,7 +340,8 @@ class Scheduler:
             assert h is not None and h.shipped, f"table update of a request the runner has no tables for: {u}"
         new_tables = tuple(self.bm.ship_tables(s.seq_id) for s in admitted)
         seqs = tuple(self._scheduled_seq(self.by_id[sid], n, self._drafts.pop(sid, ())) for sid, n in work.items())
-        return ScheduledBatch(self.step_count, seqs, new_tables, updates, released)
+        stores, loads = self.bm.take_host_copies()
+        return ScheduledBatch(self.step_count, seqs, new_tables, updates, released, stores, loads)
 
     def _scheduled_seq(self, seq: Sequence, n: int, drafts: tuple[int, ...]) -> ScheduledSeq:
         start, h = seq.num_computed_tokens, self.bm.holdings[seq.seq_id]

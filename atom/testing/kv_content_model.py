@@ -11,6 +11,10 @@ the same key, and a stale or foreign row holds a different one. Each step, the m
 A speculative step's draft rows are written with keys of the drafts, so a rejected draft's row that
 a later query read before it was overwritten would show as stale.
 
+The host tier's copy orders (``batch.host_stores``, then ``batch.host_loads``) move a page's keys
+between the device and a host mirror of the same three maps before the step's reads, as the runner
+moves the bytes: a restored row that is not what a cold run wrote fails the next read of it.
+
 Reads of unwritten memory show as ``None`` keys. This is what the paged engine's NaN-poisoned
 bit-exactness test proves with real numbers; here it runs in microseconds on any workload.
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 from typing import Callable
 
 from atom.config import Dsv4KvSpec
-from atom.step_contract import ScheduledBatch, ScheduledSeq
+from atom.step_contract import HostCopy, ScheduledBatch, ScheduledSeq
 from atom.kv.page_map import COMPRESS, SWA
 
 __all__ = ["KvContentModel", "KvContentError"]
@@ -51,6 +55,11 @@ class KvContentModel:
         self.captures: dict[int, int] = {}  # SWA page -> key of the block's last position
         self.slots: dict[int, int | None] = {}  # state slot -> key of the last position it absorbed
         self.reads = 0
+        # the host tier: the same maps over host pages
+        self.host_swa_rows: dict[tuple[int, int], int] = {}
+        self.host_comp_rows: dict[int, int] = {}
+        self.host_captures: dict[int, int] = {}
+        self.pages_copied = 0
         self._step_keys: dict[int, list[int]] = {}  # this step's keys per request (drafts included)
 
     @classmethod
@@ -70,6 +79,10 @@ class KvContentModel:
 
     def step(self, batch: ScheduledBatch, tables: dict[int, dict[str, list[int]]]) -> None:
         self._step_keys.clear()
+        for order in batch.host_stores:
+            self._copy(order, to_host=True)
+        for order in batch.host_loads:
+            self._copy(order, to_host=False)
         for item in batch.seqs:
             keys = self.keys(item.seq_id, item.start_pos)
             k = keys[-1] if keys else 0
@@ -85,6 +98,23 @@ class KvContentModel:
         (it advanced over the committed rows in :meth:`step`)."""
         if accepted:
             self.slots[item.state_slot] = self._step_keys[item.seq_id][item.start_pos + item.num_committed - 1 + accepted]
+
+    def _copy(self, order: HostCopy, to_host: bool) -> None:
+        """Move whole pages' keys (an unwritten row stays unwritten at the destination)."""
+        if order.owner == SWA:
+            maps = ((self.swa_rows, self.host_swa_rows, True), (self.captures, self.host_captures, False))
+        else:
+            maps = ((self.comp_rows, self.host_comp_rows, False),)
+        for device, host, by_row in maps:
+            src, dst = (device, host) if to_host else (host, device)
+            for s_page, d_page in zip(order.src_pages, order.dst_pages):
+                for slot in range(self.block_size) if by_row else (None,):
+                    s_key, d_key = (s_page, slot) if by_row else s_page, (d_page, slot) if by_row else d_page
+                    if s_key in src:
+                        dst[d_key] = src[s_key]
+                    else:
+                        dst.pop(d_key, None)
+        self.pages_copied += len(order.src_pages)
 
     # ---- reads --------------------------------------------------------------------------------
     def _expect(self, what: str, got: int | None, want: int, item: ScheduledSeq) -> None:
