@@ -1,4 +1,5 @@
-"""The collectives of a sharded model (:mod:`atom.parallel` shards it): all-reduce of partial sums and all-gather of vocabulary slices.
+"""The collectives of a sharded model (:mod:`atom.parallel` shards it): all-reduce of partial sums, all-gather of
+vocabulary slices, and the all-to-all of rows that moves MoE tokens between attention replicas.
 
 The model layers hold a :class:`Comm` (``SINGLE_RANK`` unless the model was sharded) and call it at
 the few places where a rank's partial result must be combined: after the row-parallel ``wo_b`` of
@@ -47,6 +48,18 @@ class Comm:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x, group=self.group)
         return torch.cat(parts, dim=dim)
+
+    def all_to_all(self, x: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        """Rows ``x[sum(send[:r]) : sum(send[:r + 1])]`` go to rank ``r``; the result holds the rows every rank
+        sent here, ``recv[r]`` of them from rank ``r``, in rank order (``send`` / ``recv``: one count per rank,
+        each rank's ``recv[r]`` equal to rank ``r``'s ``send[self.rank]``; zero counts allowed)."""
+        if self.size == 1:
+            return x
+        import torch.distributed as dist
+
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), recv, send, group=self.group)
+        return out
 
 
 #: The unsharded model's collectives: every call is the identity.

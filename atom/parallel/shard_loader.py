@@ -34,15 +34,17 @@ __all__ = ["load_sharded_checkpoint", "check_shardable"]
 
 def load_sharded_checkpoint(directory: str | Path, plan: ShardPlan, comm: Comm, *,
                             dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                            model_class: type[ModelWeights] = DeepseekV4Model, **overrides: object) -> ModelWeights:
+                            model_class: type[ModelWeights] = DeepseekV4Model, expert_comm: Comm | None = None,
+                            **overrides: object) -> ModelWeights:
     """This rank's shard of the model in ``directory`` (``model_class``: the reference model by default, or
     the serving model), quantized weights kept as stored (``overrides`` as for ``load_checkpoint``);
-    ``CheckpointError`` for a checkpoint that does not match or cannot be split."""
+    ``CheckpointError`` for a checkpoint that does not match or cannot be split. ``comm`` / ``expert_comm``
+    as for :func:`shard_model` (``expert_comm`` only with data-parallel attention)."""
     model, index, dequant = plan_model(directory, dtype=dtype, model_class=model_class, **overrides)
     full_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     logical = {f"{path}.weight": (m.out_features, m.in_features) for path, m in model.named_modules()
                if isinstance(m, Linear)}  # [out, in] (an MXFP4 weight is stored [out, in/2])
-    model = _shard(directory, model, plan, comm, device)
+    model = _shard(directory, model, plan, comm, device, expert_comm)
     targets = model.state_dict()
     check_fits(sum(t.numel() * t.element_size() for t in targets.values()), device)
     with torch.no_grad():
@@ -71,14 +73,18 @@ def check_shardable(directory: str | Path, plan: ShardPlan, **overrides: object)
     """``CheckpointError`` (before any rank starts) unless the checkpoint matches its config and every tensor
     can be split by ``plan`` in its stored format (``overrides`` as the ranks load it: ``quant_sim``); only
     headers are read, nothing is allocated."""
-    model, _, _ = plan_model(directory, load_mtp=False, **overrides)
-    _shard(directory, model, plan, Comm(plan.rank, plan.size, group="not used: nothing runs"), "meta")
+    from atom.models.deepseek_v4_serving import DeepseekV4ForServing
+
+    model, _, _ = plan_model(directory, load_mtp=False, model_class=DeepseekV4ForServing, **overrides)
+    unused = "not used: nothing runs"
+    _shard(directory, model, plan, Comm(plan.dense_rank, plan.dense_size, group=unused), "meta",
+           Comm(plan.rank, plan.size, group=unused))
 
 
 def _shard(directory: str | Path, model: ModelWeights, plan: ShardPlan, comm: Comm,
-           device: torch.device | str) -> ModelWeights:
+           device: torch.device | str, expert_comm: Comm | None = None) -> ModelWeights:
     try:
-        return shard_model(model, plan, comm, device)
+        return shard_model(model, plan, comm, device, expert_comm)
     except ValueError as e:
         raise CheckpointError(f"checkpoint {directory} cannot be split over {plan.size} ranks: {e}") from e
 

@@ -21,8 +21,13 @@ everything else                           the whole tensor (norms, mHC, router, 
 A quantized weight's ``.scale`` has the weight's split: the plan names the logical ``[out, in]``
 dimension, and the loader reads the scale blocks (FP8: 128x128; MXFP4: 32 inputs) covering the slice.
 
+With ``replicas = D > 1`` (data-parallel attention) the group is ``D`` attention replicas of ``T = n/D``
+ranks: the vocabulary, the attention and the shared expert are split over the ``T`` ranks of a replica
+only (rank ``k`` holds part ``k mod T`` of ``T``; whole when ``T = 1``), while the routed experts are still
+split or partitioned over all ``n`` ranks (:mod:`atom.parallel.expert_exchange` moves the rows).
+
 The latent KV is one head (MQA), so every rank computes and stores all of it: the KV arena is
-replicated, not split. Query heads ``k*H/n ..`` feed output groups ``k*G/n ..`` because a group
+replicated across a replica's ranks, not split. Query heads ``k*H/n ..`` feed output groups ``k*G/n ..`` because a group
 owns ``H/G`` consecutive heads; that is why ``o_groups`` must be a multiple of ``n``.
 """
 
@@ -72,7 +77,8 @@ class ShardPlan:
     ``split_attention``: query heads and output groups are split (tensor-parallel attention); when
     False every rank runs the whole attention (replicated; the basis of data-parallel attention).
     ``expert_parallel``: the model's ``n_experts`` routed experts are partitioned whole across the
-    ranks instead of each being split.
+    ranks instead of each being split. ``replicas``: attention replicas (data parallel) the ``size``
+    ranks form; the dense tensors are split over a replica's :attr:`dense_size` ranks only.
     """
 
     rank: int = 0
@@ -80,6 +86,7 @@ class ShardPlan:
     split_attention: bool = True
     expert_parallel: bool = False
     n_experts: int = 0
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
@@ -88,6 +95,19 @@ class ShardPlan:
             raise ValueError(f"rank={self.rank!r} must be in 0..{self.size - 1}")
         if self.expert_parallel and self.n_experts < 1:
             raise ValueError("expert parallelism needs the model's number of routed experts (n_experts)")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1 \
+                or self.size % self.replicas:
+            raise ValueError(f"replicas={self.replicas!r} must be an integer >= 1 dividing the parallel size {self.size}")
+
+    @property
+    def dense_size(self) -> int:
+        """Ranks of one attention replica: those that split the vocabulary, attention and shared expert."""
+        return self.size // self.replicas
+
+    @property
+    def dense_rank(self) -> int:
+        """This rank's place in its replica."""
+        return self.rank % self.dense_size
 
     @property
     def sharded(self) -> bool:
@@ -95,6 +115,9 @@ class ShardPlan:
 
     def _part(self, dim: int) -> Split:
         return Split(dim, self.rank, self.size)
+
+    def _dense_part(self, dim: int) -> Split | None:
+        return None if self.dense_size == 1 else Split(dim, self.dense_rank, self.dense_size)
 
     def spec(self, name: str) -> Split | str | None:
         """How this rank holds tensor ``name``: a :class:`Split`, ``None`` (whole) or :data:`DROPPED`."""
@@ -107,12 +130,16 @@ class ShardPlan:
                 return None if int(expert) in self.expert_range() else DROPPED
             return self._part(1 if which == "w2" else 0)
         if kind == "shared":
-            return self._part(1 if _SHARED.match(name).group(1) == "w2" else 0)
-        return None if kind is None else self._part(1 if kind == "cols" else 0)
+            return self._dense_part(1 if _SHARED.match(name).group(1) == "w2" else 0)
+        return None if kind is None else self._dense_part(1 if kind == "cols" else 0)
 
     def is_sharded(self, name: str) -> bool:
-        """Whether tensor ``name`` is split or partitioned across the ranks in this mode (at any size)."""
-        return self._kind(name) is not None
+        """Whether tensor ``name`` is split or partitioned across the ranks in this mode (at any size; with
+        replicas of one rank, only the routed experts)."""
+        kind = self._kind(name)
+        if kind is not None and kind != "expert" and self.replicas > 1 and self.dense_size == 1:
+            return False
+        return kind is not None
 
     def _kind(self, name: str) -> str | None:
         if _VOCAB.match(name):
@@ -138,22 +165,28 @@ class ShardPlan:
         """``ValueError`` naming the model dimension that this plan cannot split evenly."""
         if self.size == 1:
             return
-        for field, value in self._split_dims(cfg):
-            if value % self.size:
-                raise ValueError(f"the model's {field}={value} is not a multiple of the parallel size {self.size}; "
+        for field, value, parts in self._split_dims(cfg):
+            if value % parts:
+                what = "parallel size" if parts == self.size else "tensor-parallel size of a replica"
+                raise ValueError(f"the model's {field}={value} is not a multiple of the {what} {parts}; "
                                  f"sizes that split this model evenly: {self.valid_sizes(cfg)}")
         if self.expert_parallel and self.n_experts != cfg.n_routed_experts:
             raise ValueError(f"plan for {self.n_experts} experts but the model has {cfg.n_routed_experts}")
 
-    def _split_dims(self, cfg: "DeepseekV4Config") -> list[tuple[str, int]]:
-        dims = [("vocab_size", cfg.vocab_size), ("moe_inter_dim", cfg.moe_inter_dim)]
+    def _split_dims(self, cfg: "DeepseekV4Config", size: int | None = None) -> list[tuple[str, int, int]]:
+        """``(model field, its value, parts it is split into)`` for every dimension this mode splits."""
+        n = self.size if size is None else size
+        t = n // self.replicas
+        dims = [("vocab_size", cfg.vocab_size, t), ("moe_inter_dim", cfg.moe_inter_dim, t)]  # shared expert
+        if not self.expert_parallel:
+            dims.append(("moe_inter_dim", cfg.moe_inter_dim, n))  # each routed expert split over all ranks
         if self.split_attention:
-            dims += [("n_heads", cfg.n_heads), ("o_groups", cfg.o_groups)]
+            dims += [("n_heads", cfg.n_heads, t), ("o_groups", cfg.o_groups, t)]
         if self.expert_parallel:
-            dims.append(("n_routed_experts", cfg.n_routed_experts))
+            dims.append(("n_routed_experts", cfg.n_routed_experts, n))
         return dims
 
     def valid_sizes(self, cfg: "DeepseekV4Config", up_to: int = 64) -> list[int]:
-        """Every size up to ``up_to`` that divides all the dimensions this mode splits."""
-        dims = [v for _, v in self._split_dims(cfg)]
-        return [n for n in range(1, up_to + 1) if all(v % n == 0 for v in dims)]
+        """Every size up to ``up_to`` (a multiple of ``replicas``) that divides all the dimensions this mode splits."""
+        return [n for n in range(self.replicas, up_to + 1, self.replicas)
+                if all(v % parts == 0 for _, v, parts in self._split_dims(cfg, n))]

@@ -4,7 +4,9 @@
 every parameter its local shape (from the :class:`ShardPlan`), removes the routed experts another rank
 owns, sets the local head / group counts and hands the layers that combine partial results their
 :class:`Comm`; ``to_empty`` then allocates only what the rank holds
-(no full-size tensor is ever materialised). The weights come from :mod:`shard_loader`.
+(no full-size tensor is ever materialised). The weights come from :mod:`shard_loader`. Under
+data-parallel attention (``plan.replicas > 1``) the dense layers get the replica's :class:`Comm` and each
+MoE layer an :class:`ExpertExchange` over all ranks.
 
 A quantized Linear keeps its stored format on every rank: an FP8 slice holds its rows / columns of
 e4m3 values and the 128x128 block scales covering them, an MXFP4 slice its packed nibbles and the
@@ -30,6 +32,7 @@ from atom.models.deepseek_v4.model import ModelWeights
 from atom.models.deepseek_v4.moe import MoEWeights
 from atom.models.deepseek_v4.quant import WEIGHT_BLOCK, fp8_scale
 from atom.comm import Comm
+from atom.parallel.expert_exchange import ExpertExchange
 from atom.parallel.shard_plan import ShardPlan, Split
 
 __all__ = ["VocabParallelEmbedding", "SplitInputLinear", "shard_model", "check_quantized_split", "ParameterBytes", "parameter_bytes", "local_shape"]
@@ -60,21 +63,29 @@ def local_shape(shape: tuple[int, ...], spec: Split | None) -> tuple[int, ...]:
     return tuple(out)
 
 
-def shard_model(model: ModelWeights, plan: ShardPlan, comm: Comm, device: torch.device | str) -> ModelWeights:
+def shard_model(model: ModelWeights, plan: ShardPlan, comm: Comm, device: torch.device | str,
+                expert_comm: Comm | None = None) -> ModelWeights:
     """Shard ``model`` (built on ``meta``, its Linears already in their stored formats) in place for ``plan``
     and allocate it (uninitialised) on ``device``; ``ValueError`` naming a quantized weight whose split would
-    cut its scale blocks."""
+    cut its scale blocks. ``comm``: the ranks of this rank's attention replica (all ranks when
+    ``plan.replicas == 1``); ``expert_comm``: every rank (needed when ``plan.replicas > 1``: each MoE layer
+    then exchanges its routed rows over it, :class:`ExpertExchange`)."""
     cfg = model.cfg
     assert model.embed.weight.is_meta, "shard a model built on the meta device"
-    assert comm.size == plan.size and comm.rank == plan.rank, (comm.rank, comm.size, plan)
+    if plan.replicas > 1 and expert_comm is None:
+        raise ValueError(f"a plan of {plan.replicas} attention replicas needs expert_comm (the group of all "
+                         f"{plan.size} ranks)")
+    expert_comm = comm if expert_comm is None else expert_comm
+    assert (comm.rank, comm.size) == (plan.dense_rank, plan.dense_size), (comm.rank, comm.size, plan)
+    assert (expert_comm.rank, expert_comm.size) == (plan.rank, plan.size), (expert_comm.rank, expert_comm.size, plan)
     plan.check(cfg)
     if plan.sharded:
-        _shard_modules(model, plan, comm)
+        _shard_modules(model, plan, comm, expert_comm)
         linears = {path for path, mod in model.named_modules() if isinstance(mod, Linear)}
         for path in sorted(linears):
             spec = plan.spec(f"{path}.weight")
             if isinstance(spec, Split):
-                _shard_linear(model, path, spec, comm)
+                _shard_linear(model, path, spec, expert_comm if ".experts." in path else comm)
         for name, param in list(model.named_parameters()):
             spec = plan.spec(name)
             if isinstance(spec, Split) and name.rpartition(".")[0] not in linears:
@@ -138,21 +149,28 @@ class SplitInputLinear(Linear):
         return ((x.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
 
 
-def _shard_modules(model: ModelWeights, plan: ShardPlan, comm: Comm) -> None:
-    cfg, n = model.cfg, plan.size
-    start, _ = Split(0, plan.rank, n).bounds(cfg.vocab_size)
-    # full-size on meta: the parameter loop below gives it its local rows like every other tensor
-    model.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.dim, start, comm,
-                                         dtype=model.embed.weight.dtype, device="meta")
+def _shard_modules(model: ModelWeights, plan: ShardPlan, comm: Comm, expert_comm: Comm) -> None:
+    cfg, n = model.cfg, plan.dense_size
+    if n > 1:
+        start, _ = Split(0, plan.dense_rank, n).bounds(cfg.vocab_size)
+        # full-size on meta: the parameter loop below gives it its local rows like every other tensor
+        model.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.dim, start, comm,
+                                             dtype=model.embed.weight.dtype, device="meta")
     model.comm = comm
     for block in list(model.layers) + list(model.mtp):
-        if plan.split_attention:
+        if plan.split_attention and n > 1:
             block.attn.n_heads = cfg.n_heads // n
             block.attn.n_groups = cfg.o_groups // n
             block.attn.comm = comm
         moe: MoEWeights = block.ffn
         moe.expert_range = plan.expert_range() if plan.expert_parallel else range(cfg.n_routed_experts)
         moe.comm = comm
+        if plan.replicas > 1:
+            if not hasattr(moe, "exchange"):
+                raise ValueError(f"{type(moe).__name__} cannot run under data-parallel attention: the serving "
+                                 "model's MoE (ServingMoE) dispatches its rows to the expert ranks")
+            moe.exchange = ExpertExchange(expert_comm, cfg.n_routed_experts, expert_parallel=plan.expert_parallel,
+                                          replica=comm)
         for e in range(cfg.n_routed_experts):
             if e not in moe.expert_range:
                 moe.experts[e] = nn.Module()  # another rank's expert: nothing held here

@@ -11,6 +11,7 @@ value back on the grouped MoE path):
 
 * :meth:`bind_arena`: the arena views and kernel ops every attention layer writes and reads through;
 * :meth:`forward`: logits of the rows that sample (of every row with ``all_rows``) and the final stream;
+* :meth:`pad_experts`: a padding step of data-parallel attention (the MoE exchanges only);
 * :meth:`commit`: after verification, advance the compressor state over the accepted drafts;
 * :meth:`mtp_forward`: the MTP block over given rows (speculative drafting);
 * :attr:`supports_decode_graphs`: whether a decode step can be recorded in a CUDA graph.
@@ -106,6 +107,13 @@ class DeepseekV4ForServing(ModelWeights):
         if step.sample_rows.shape[0] == 0:
             return h.new_empty((0, self.cfg.vocab_size), dtype=torch.float32), h
         return self.head_logits(h[step.sample_rows]), h
+
+    def pad_experts(self, rows: int = 1) -> None:
+        """A padding step (data-parallel attention, a replica with nothing to run): every layer's MoE exchange
+        with ``rows`` zero rows and nothing else (no attention, no KV page touched), so the expert ranks'
+        collectives line up with the replicas running real steps."""
+        for block in self.layers:
+            block.ffn.pad_experts(rows, self.embed.weight.dtype)
 
     def commit(self, accepted: RowSubset, step: StepInputs, tables: PageTables) -> None:
         """Advance every layer's compressor state over the accepted drafts (``accepted``: their rows of the

@@ -17,16 +17,23 @@ stays the oracle the Triton kernel is checked against.
 A layer whose experts mix formats or whose ``w2`` inputs are split across ranks with their own FP8 blocks
 (a ``quantize_input`` override) runs one GEMM per expert present in the step, which reads the routing
 back. :attr:`ServingMoE.host_free` says which: the serving model declares CUDA-graph support from it.
+
+Under data-parallel attention the layer's :attr:`ServingMoE.exchange` sends the routed rows to the ranks
+holding their experts and brings the partial sums back; the experts a rank holds run the same paths on the
+rows it receives (:meth:`ServingMoE.held_routed`), and the shared expert runs on the replica's own tokens.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from atom.models.deepseek_v4.layers import Linear
 from atom.models.deepseek_v4.moe import Expert, MoEWeights
+
+if TYPE_CHECKING:
+    from atom.parallel.expert_exchange import ExpertExchange
 
 __all__ = ["ServingMoE"]
 
@@ -38,6 +45,8 @@ class ServingMoE(MoEWeights):
 
     _fused: Callable[..., torch.Tensor] | None = None
     _fused_source = "torch"
+    #: set by ``shard_model`` under data-parallel attention: the dispatch/combine of the routed rows
+    exchange: "ExpertExchange | None" = None
 
     def bind_kernels(self, kernels: Any) -> None:
         """Run the routed experts with ``kernels``' ``fused_moe`` (a ``KernelSet``; None: the torch reference)."""
@@ -61,6 +70,8 @@ class ServingMoE(MoEWeights):
         """Whether :meth:`forward` runs without reading a device value back, so a CUDA graph can record it:
         the fused op on a GPU backend; on the torch backend the grouped dense path (quantized experts run one
         GEMM per expert there, see :meth:`forward`)."""
+        if self.exchange is not None:  # the row counts of the exchange are read back
+            return False
         if self._fused_source == "torch":
             return self.grouped
         return self.fusable
@@ -89,17 +100,33 @@ class ServingMoE(MoEWeights):
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """Each token adds its experts' outputs (ascending expert order in the torch reference), then the
-        shared expert's."""
+        shared expert's. Under data-parallel attention (:attr:`exchange` set) the rows are routed here and
+        the experts run on the ranks that hold them (:meth:`ExpertExchange.run_experts`)."""
         weights, idx = self.gate(x, token_ids)
+        if self.exchange is not None:
+            return self.with_shared(x, self.exchange.run_experts(x, weights, idx, self.held_routed))
+        return self.with_shared(x, self.held_routed(x, weights, idx))
+
+    def pad_experts(self, rows: int, dtype: torch.dtype) -> None:
+        """A padding step's part of this layer: ``rows`` zero rows of the stream's ``dtype`` (token id 0) routed
+        and sent through :attr:`exchange`, so this rank makes the same collectives as the ranks running real
+        tokens (output dropped; nothing else runs: no attention, no KV write, no shared expert)."""
+        if self.exchange is None:
+            raise ValueError("a padding step exchanges MoE rows between attention replicas; this layer has no "
+                             "exchange (data_parallel_size is 1)")
+        x = torch.zeros(rows, self.gate.weight.shape[1], dtype=dtype, device=self.gate.weight.device)
+        weights, idx = self.gate(x, torch.zeros(rows, dtype=torch.int64, device=x.device))
+        self.exchange.run_experts(x, weights, idx, self.held_routed)
+
+    def held_routed(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """fp32 ``[T, dim]``: each row's sum over the experts held here (whole, or this rank's slice of each)
+        among its chosen ``idx`` with routing ``weights``."""
         if self._fused_source == "torch":  # the CPU: the reference's own paths, so its rounding, op for op
-            routed = self.routed(x, weights, idx) if self.grouped else self.routed_per_expert(x, weights, idx)
-            return self.with_shared(x, routed)
+            return self.routed(x, weights, idx) if self.grouped else self.routed_per_expert(x, weights, idx)
         if not self.fusable:
-            return self.with_shared(x, self.routed_per_expert(x, weights, idx))
+            return self.routed_per_expert(x, weights, idx)
         (w1, w3, w2), (s1, s3, s2) = self.expert_stack()
         first = self._held()[0]
         xe = x.to(first.w1.weight.dtype if first.w1.fmt == "dense" else first.w1.dtype)
-        routed = self._fused(xe, weights, idx, w1, w3, w2, s1, s3, s2, limit=first.limit,
-                             act_blocks=(first.w1.act_block, first.w2.act_block),
-                             first_expert=self.expert_range.start)
-        return self.with_shared(x, routed)
+        return self._fused(xe, weights, idx, w1, w3, w2, s1, s3, s2, limit=first.limit,
+                           act_blocks=(first.w1.act_block, first.w2.act_block), first_expert=self.expert_range.start)

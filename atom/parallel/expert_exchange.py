@@ -1,0 +1,111 @@
+"""MoE dispatch and combine across attention replicas: only the routed rows move between ranks.
+
+Under data-parallel attention every replica runs its own tokens, while the routed experts are split over
+all ``D x T`` ranks of the group (the *expert group*). Routing is computed where the tokens are: the
+router (``Gate``: score weights, bias, hash table ``tid2eid``) is replicated, so hash-routed and
+score-routed layers alike decide locally and only the rows travel. One MoE layer is then, on every rank:
+
+1. **counts**: for each peer, how many of this rank's rows need it (expert parallel: the rows with at
+   least one chosen expert in the peer's partition; tensor-parallel experts: every row, since every rank
+   holds a slice of every expert); one ``all_to_all_single`` of ``[world]`` int64 counts tells each rank
+   how many rows it receives from each peer;
+2. **dispatch**: one ``all_to_all_single`` of the rows (``[rows, dim]`` in the model's dtype) and one of
+   their routing (``[rows, 2k]`` fp32: the k weights, then the k expert ids, exact in fp32);
+3. **experts**: the caller's ``expert_fn`` over the received rows: each row's sum over the experts this
+   rank holds (whole experts, or its slice of each), fp32;
+4. **combine**: one ``all_to_all_single`` sends each partial back to the rank the row came from, which
+   adds the partials of a row in rank order.
+
+Inside a replica of ``T > 1`` ranks the ``T`` ranks hold the same tokens; rank ``j`` of the replica sends
+rows ``j, j + T, ...`` only, so no row is computed twice, and :meth:`ExpertExchange.run_experts` returns
+zero for the rows a sibling sent: the replica's all-reduce that already follows the MoE (it sums the
+shared expert's slices) completes every row.
+
+A rank with no tokens (a replica running a padding step, or a replica rank with fewer rows than
+siblings) still takes part with zero counts; every rank makes the same four collectives per layer.
+
+The counts are read back to the host (the split sizes of the row exchange), so a layer that exchanges
+rows cannot be recorded in a CUDA graph. On a GPU build the same contract (:meth:`run_experts`: rows,
+weights, ids in; this rank's routed sum out) is where a fused all-to-all plugs in: DeepEP's
+dispatch / combine (normal mode for prefill, low-latency mode for decode, whose fixed-size buffers
+also remove the host read), mori's EP dispatch / combine, or aiter's all-to-all. ``shard_model`` builds
+the exchange for each MoE layer; a GPU implementation is selected there. None is wired in yet: every
+backend runs this ``torch.distributed`` version (NCCL/RCCL on GPUs, gloo on CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from atom.comm import SINGLE_RANK, Comm
+
+__all__ = ["ExpertExchange", "ExpertFn"]
+
+#: ``(rows [R, dim], weights [R, k] fp32, expert ids [R, k] int64) -> fp32 [R, dim]``: each row's sum over
+#: the experts (or expert slices) this rank holds.
+ExpertFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ExpertExchange:
+    """Dispatch/combine of one MoE layer over the expert group ``comm`` (every rank of every replica).
+
+    ``expert_parallel``: rank ``r`` of ``comm`` holds experts ``r*E/W .. (r+1)*E/W - 1`` whole (``E`` =
+    ``n_experts``, ``W`` = ``comm.size``), so a row goes only to the ranks owning its chosen experts;
+    otherwise every rank holds a slice of every expert and every row goes to every rank.
+    ``replica``: the ranks of this rank's attention replica (same tokens on each; ``SINGLE_RANK`` when a
+    replica is one rank).
+    """
+
+    def __init__(self, comm: Comm, n_experts: int, *, expert_parallel: bool, replica: Comm = SINGLE_RANK) -> None:
+        if n_experts < 1 or (expert_parallel and n_experts % comm.size):
+            raise ValueError(f"{n_experts} routed experts cannot be partitioned over {comm.size} ranks; expert "
+                             "parallelism needs a multiple of the group size")
+        self.comm, self.replica = comm, replica
+        self.n_experts, self.expert_parallel = n_experts, expert_parallel
+
+    def destinations(self, idx: torch.Tensor) -> torch.Tensor:
+        """``[rows, world]`` bool: which ranks must see each row with chosen experts ``idx [rows, k]``."""
+        world = self.comm.size
+        if not self.expert_parallel:
+            return torch.ones(idx.shape[0], world, dtype=torch.bool, device=idx.device)
+        owner = idx // (self.n_experts // world)
+        return (owner[:, :, None] == torch.arange(world, device=idx.device)).any(dim=1)
+
+    def run_experts(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, expert_fn: ExpertFn
+                    ) -> torch.Tensor:
+        """fp32 ``[T, dim]``: the routed sum of each of this rank's rows it dispatches (every expert of the
+        row, wherever it lives), zero for the rows a sibling of its replica dispatches. Collective over the
+        expert group: every rank calls it once per MoE layer, with ``T = 0`` rows if it has none."""
+        mine = torch.arange(self.replica.rank, x.shape[0], self.replica.size, device=x.device)
+        sent, send_counts = self._plan(idx[mine])
+        recv_counts = self._exchange_counts(send_counts, x.device)
+        route = torch.cat([weights[mine].float(), idx[mine].float()], dim=1)[sent[1]]
+        rows = self.comm.all_to_all(x[mine][sent[1]], send_counts, recv_counts)
+        got = self.comm.all_to_all(route, send_counts, recv_counts)
+        k = idx.shape[1]
+        if rows.shape[0]:
+            partial = expert_fn(rows, got[:, :k].contiguous(), got[:, k:].long())
+        else:  # nothing routed here this layer (the experts' paths assume at least one row)
+            partial = torch.zeros(0, x.shape[1], dtype=torch.float32, device=x.device)
+        back = self.comm.all_to_all(partial.float(), recv_counts, send_counts)
+        out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+        lo = 0
+        for count in send_counts:  # peers in rank order: a row's partials are added in that order
+            if count:
+                out[mine[sent[1][lo:lo + count]]] += back[lo:lo + count]
+            lo += count
+        return out
+
+    def _plan(self, idx: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int]]:
+        """``((peer, row) of every row sent, ordered by peer then row), rows sent to each peer``."""
+        dest = self.destinations(idx)
+        sent = torch.nonzero(dest.t(), as_tuple=True)  # row-major over [world, rows]: by peer, then row
+        return sent, dest.sum(dim=0).tolist()
+
+    def _exchange_counts(self, send_counts: list[int], device: torch.device) -> list[int]:
+        """Rows this rank receives from each peer (one ``all_to_all_single`` of one int per rank, on the rows'
+        device: NCCL moves device tensors only)."""
+        sent = torch.tensor(send_counts, dtype=torch.int64, device=device)
+        return self.comm.all_to_all(sent, [1] * self.comm.size, [1] * self.comm.size).tolist()

@@ -1,0 +1,60 @@
+"""MoE dispatch/combine across two attention replicas (gloo, 2 processes): each replica's own tokens
+through a hash-routed and a score-routed MoE layer, the experts split over both ranks (expert parallel:
+4 whole experts each; tensor parallel: half of every expert each), equal the single-rank layer within
+1e-5 relative; a replica with no tokens, or running a padding step, still takes part."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from atom.models.deepseek_v4_serving import DeepseekV4ForServing
+from atom.parallel.expert_exchange import ExpertExchange
+from atom.comm import Comm
+from support.exchange_ranks import CFG, exchange_rank, load_full, moe_outputs, replica_tokens
+from support.parallel_ranks import run_ranks
+
+MODES = {"expert-parallel": True, "tp-experts": False}
+
+
+@pytest.fixture(scope="module")
+def single_rank():
+    torch.set_num_threads(1)
+    model = DeepseekV4ForServing(CFG)
+    load_full(model, None)
+    return model
+
+
+def check_close(got: list, want: list[torch.Tensor]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        g = torch.from_numpy(g)
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * float(w.abs().max()))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("case", ["both", "empty", "padding"])
+def test_each_replica_gets_the_single_rank_moe_output_of_its_own_tokens(single_rank, mode, case):
+    got = dict(run_ranks(exchange_rank, (MODES[mode], case), results=2))
+    check_close(got[0], moe_outputs(single_rank, replica_tokens(0, case)))
+    if case == "padding":
+        assert got[1] is None
+    elif case == "empty":
+        assert [a.shape for a in got[1]] == [(0, CFG.dim)] * 2
+    else:
+        check_close(got[1], moe_outputs(single_rank, replica_tokens(1, case)))
+
+
+def test_expert_parallel_rows_go_only_to_the_ranks_owning_their_experts():
+    ex = ExpertExchange(Comm(0, 4, group="not used"), 8, expert_parallel=True)
+    idx = torch.tensor([[0, 1], [1, 6], [7, 2], [3, 5]])
+    want = torch.tensor([[1, 0, 0, 0], [1, 0, 0, 1], [0, 1, 0, 1], [0, 1, 1, 0]], dtype=torch.bool)
+    assert torch.equal(ex.destinations(idx), want)
+    assert torch.equal(ExpertExchange(Comm(0, 4, group="not used"), 8, expert_parallel=False).destinations(idx),
+                       torch.ones(4, 4, dtype=torch.bool))
+
+
+def test_experts_that_do_not_divide_over_the_ranks_are_refused():
+    with pytest.raises(ValueError, match="8 routed experts cannot be partitioned over 3 ranks"):
+        ExpertExchange(Comm(0, 3, group="not used"), 8, expert_parallel=True)
