@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from atom.kv.prefix_stats import PrefixStats
 
-__all__ = ["RequestOutput", "EngineStats", "TokenLogprobs"]
+__all__ = ["RequestOutput", "EngineStats", "ReplicaStats", "TokenLogprobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,23 @@ class RequestOutput:
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of new_token_ids, when asked for
 
 
+@dataclass(frozen=True)
+class ReplicaStats:
+    """One attention replica under data parallelism (its own scheduler and arena): arena bytes per owner
+    and free, requests running and waiting, prompt tokens admitted and served from its prefix cache,
+    preemptions, and the steps it ran as padding (nothing to run while another replica stepped) with
+    their tokens."""
+
+    arena_bytes: dict[str, int]
+    num_running: int
+    num_waiting: int
+    prompt_tokens: int
+    hit_tokens: int
+    num_preemptions: int
+    padding_steps: int
+    padding_tokens: int
+
+
 @dataclass
 class EngineStats:
     """Counters and gauges for metrics. Arena bytes are whole chunks per owner; ``prefix``: where the
@@ -60,6 +77,11 @@ class EngineStats:
     spec_accepted: int = 0
     spec_proposed_at: tuple[int, ...] = ()
     spec_accepted_at: tuple[int, ...] = ()
+    # data-parallel attention (empty / 0 with one replica): each replica, and the padding totals (the
+    # fields above are then sums over the replicas)
+    replicas: tuple[ReplicaStats, ...] = ()
+    padding_steps: int = 0
+    padding_tokens: int = 0
 
     @property
     def spec_mean_acceptance_length(self) -> float:
