@@ -22,6 +22,7 @@ from atom.step_contract import ReadyOutput, RunnerOutput, ScheduledBatch
 from atom.model_ops.kv_views import bind_kv_arena
 from atom.spec_decode.mtp_draft import MtpDrafter
 from atom.model_executor.decode_graphs import GRAPH_MODES, DecodeSteps
+from atom.model_executor.host_copies import HostCopies
 from atom.model_executor.sampler import Sampler
 from atom.model_executor.step_thread import StepThread
 from atom.model_ops.decode_buffers import DecodeBuffers
@@ -44,6 +45,8 @@ class ModelRunner:
     ``graph_mode``: how plain decode steps run (:mod:`decode_graphs`): ``eager`` (fresh inputs every
     step), ``padded`` (bucketed preallocated inputs, eager) or ``graph`` (those inputs, replayed from
     CUDA graphs; a GPU); only ``eager`` with speculative decoding (every step then drafts).
+    ``host_kv_chunks`` > 0: the host tier's buffer of that many arena chunks (:mod:`host_copies`); each
+    batch's copy orders run before its forward.
     ``step_thread``: :meth:`launch` runs steps on a thread of their own (:mod:`step_thread`), so the
     engine schedules the next step while one runs; None = on a GPU only (on the CPU torch runs each op
     before returning, and a launched step then runs at launch, its output applied when asked for).
@@ -52,7 +55,7 @@ class ModelRunner:
     def __init__(self, model: DeepseekV4ForServing, layout: KvLayout, *, max_model_len: int, seed: int = 0,
                  poison: bool = False, kernel_backend: str | None = None, keep_logits: bool = False,
                  eos_token_id: int | None = None, value_checks: bool = False, speculative_num_tokens: int = 0,
-                 graph_mode: str = "eager", step_thread: bool | None = None) -> None:
+                 graph_mode: str = "eager", step_thread: bool | None = None, host_kv_chunks: int = 0) -> None:
         if not isinstance(model, DeepseekV4ForServing):
             raise TypeError(f"ModelRunner runs the serving model (DeepseekV4ForServing), got {type(model).__name__}; "
                             "load it with load_checkpoint(..., model_class=DeepseekV4ForServing)")
@@ -61,6 +64,9 @@ class ModelRunner:
         self.views = bind_kv_arena(layout, poison=poison, device=self.device)
         self.kernels = load_kernels(kernel_backend)
         model.bind_arena(self.views, self.kernels)
+        # the host tier's bytes (host_kv_chunks arena chunks); the batch's copy orders run before each step
+        self.host_copies = HostCopies(layout, host_kv_chunks, self.views.buffer, self.kernels.copy_pages) \
+            if host_kv_chunks else None
         max_blocks = -(-max_model_len // layout.spec.block_size)
         self.tables = PageTables(layout.max_live_requests, max_blocks, device=self.device)
         self.sampler = Sampler(seed, eos_token_id, device=self.device)
@@ -92,6 +98,8 @@ class ModelRunner:
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
         self.tables.apply(batch)
+        if self.host_copies is not None:
+            self.host_copies.run(batch.host_stores, batch.host_loads)
         self.sampler.release(batch.released_ids)
         if not batch.seqs:
             return RunnerOutput({})
@@ -120,6 +128,14 @@ class ModelRunner:
                 if self.mtp is not None:
                     out = dataclasses.replace(out, drafts=self.mtp.run(batch, step, self.tables, hidden, out))
         return dataclasses.replace(out, logits=kept) if kept else out
+
+    @torch.no_grad()
+    def pad_step(self, rows: int = 1) -> None:
+        """Data-parallel attention, this replica has nothing to run: every layer's MoE exchange with ``rows``
+        zero rows (:meth:`DeepseekV4ForServing.pad_experts`), no attention, no KV page touched, nothing
+        sampled; the replicas running real steps need this rank in their expert collectives."""
+        with value_checks_off():
+            self.model.pad_experts(rows)
 
     def _sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> RunnerOutput:
         """Rows of ``logits``: one per sampling request, ``1 + num_draft`` for a request with drafts. Every

@@ -30,7 +30,7 @@ from atom.parallel.process_group import RankGroup, free_port, join
 from atom.parallel.sharding import ParameterBytes
 from atom.parallel.worker import RankSpec, build_rank_runner, worker_main
 
-__all__ = ["DistributedRunner", "start_parallel_runner", "WorkerWatchdog"]
+__all__ = ["RankZeroRunner", "DistributedRunner", "start_parallel_runner", "start_ranks", "WorkerWatchdog"]
 
 _MIB = 1 << 20
 
@@ -67,8 +67,9 @@ class WorkerWatchdog(threading.Thread):
         os._exit(1)
 
 
-class DistributedRunner:
-    """The runner ``LLMEngine`` drives when the model spans several ranks (this process is rank 0)."""
+class RankZeroRunner:
+    """Rank 0's side of a group of ranks: its own :class:`ModelRunner`, the group, the spawned workers and
+    their watchdog; :meth:`close` stops them all (also run at exit)."""
 
     def __init__(self, local: ModelRunner, group: RankGroup, workers: list | None = None,
                  watchdog: WorkerWatchdog | None = None) -> None:
@@ -83,11 +84,6 @@ class DistributedRunner:
     def views(self):
         """Rank 0's arena views (every rank binds the same layout)."""
         return self.local.views
-
-    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
-        assert not self._closed, "the runner was closed"
-        self.group.broadcast(batch)
-        return self.local.execute(batch)
 
     def close(self, timeout: float = 20.0) -> None:
         """Stop every rank: tell the workers to leave, wait for them, then leave the group."""
@@ -108,11 +104,32 @@ class DistributedRunner:
         self.group.leave()
 
 
+class DistributedRunner(RankZeroRunner):
+    """The runner ``LLMEngine`` drives when the model spans several ranks (this process is rank 0)."""
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        assert not self._closed, "the runner was closed"
+        self.group.broadcast(batch)
+        return self.local.execute(batch)
+
+
 def start_parallel_runner(spec: RankSpec, *, keep_logits: bool = False, group: RankGroup | None = None,
                           out: TextIO = sys.stderr) -> DistributedRunner:
     """Rank 0 of ``spec.config.parallel``: spawn and join the workers (or use the launcher's ``group``)."""
-    size = spec.config.parallel.world_size
+    if spec.config.parallel.data_parallel_size > 1:
+        raise ValueError("data_parallel_size > 1 runs through atom.parallel.dp_runner.start_data_parallel_runner")
     spec = dataclasses.replace(spec, keep_logits=keep_logits)
+    group, workers, watchdog = start_ranks(spec, group, out)
+    runner, held = build_rank_runner(spec, group, keep_logits=keep_logits)
+    report(spec, group.gather(held), runner, out)
+    return DistributedRunner(runner, group, workers, watchdog)
+
+
+def start_ranks(spec: RankSpec, group: RankGroup | None, out: TextIO
+                ) -> tuple[RankGroup, list, WorkerWatchdog | None]:
+    """Rank 0's group: spawn ranks ``1 .. n-1`` (each runs :func:`worker_main`) under a watchdog and join
+    them, or take the launcher's ``group``; CPU ranks get their share of the cores."""
+    size = spec.config.parallel.world_size
     workers: list = []
     watchdog = None
     if torch.device(spec.device).type == "cpu":
@@ -130,9 +147,7 @@ def start_parallel_runner(spec: RankSpec, *, keep_logits: bool = False, group: R
         print(f"atom: started {size - 1} model worker(s): " + ", ".join(f"{w.name} pid {w.pid}" for w in workers),
               file=out, flush=True)
         group = join(0, size, init_method, spec.device)
-    runner, held = build_rank_runner(spec, group, keep_logits=keep_logits)
-    report(spec, group.gather(held), runner, out)
-    return DistributedRunner(runner, group, workers, watchdog)
+    return group, workers, watchdog
 
 
 def limit_cpu_threads(ranks: int) -> None:

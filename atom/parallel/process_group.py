@@ -6,6 +6,10 @@ A rank calls :func:`join` with its rank, the group size and a rendezvous address
 ``torch.distributed`` reads). Tensors of the model go through NCCL on CUDA devices (RCCL on ROCm,
 same backend name) and gloo on CPU; the scheduled batch is a Python object, broadcast through a
 gloo group on every device type so it never needs a device copy.
+
+Under data-parallel attention :func:`replica_comm` adds one subgroup per attention replica (its ``T``
+ranks, same backend as the model's group): the attention, embedding and head combine over it, while
+the MoE exchange and the batch broadcast span every rank.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch.distributed as dist
 
 from atom.comm import Comm
 
-__all__ = ["RankGroup", "join", "free_port", "backend_for"]
+__all__ = ["RankGroup", "join", "replica_comm", "free_port", "backend_for"]
 
 #: How long a collective may wait for a peer before it fails (a dead peer usually fails it sooner).
 TIMEOUT = timedelta(minutes=10)
@@ -77,3 +81,21 @@ def join(rank: int | None, size: int | None, init_method: str, device: torch.dev
         local = f"cuda:{index}"
     cpu_group = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo", timeout=TIMEOUT)
     return RankGroup(rank, size, Comm(rank, size, dist.group.WORLD), cpu_group, local)
+
+
+def replica_comm(group: RankGroup, tensor_parallel_size: int) -> Comm:
+    """The collectives of this rank's attention replica (ranks ``d*T .. d*T+T-1`` with ``T`` =
+    ``tensor_parallel_size``). Collective: every rank of ``group`` calls it at the same point, since every
+    rank takes part in creating every replica's subgroup; a replica of one rank needs none (local)."""
+    t = tensor_parallel_size
+    if t < 1 or group.size % t:
+        raise ValueError(f"tensor_parallel_size={t} must divide the group's {group.size} ranks")
+    if t == 1:
+        return Comm()
+    mine = None
+    for first in range(0, group.size, t):
+        ranks = list(range(first, first + t))
+        sub = dist.new_group(ranks, timeout=TIMEOUT)
+        if group.rank in ranks:
+            mine = sub
+    return Comm(group.rank % t, t, mine)

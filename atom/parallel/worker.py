@@ -4,7 +4,9 @@ Every rank builds the same thing from the same :class:`RankSpec`: the shard of t
 :class:`ShardPlan` names (of the serving model), and a :class:`ModelRunner` over an arena of the same layout (a pure
 function of the model and the config, so every rank's page ``p`` is the same bytes). Rank 0 also
 runs the scheduler (:mod:`executor`); every other rank runs :func:`serve_steps`: receive the step's
-frozen batch, apply its table deltas and run it, until rank 0 broadcasts ``None``.
+frozen batch, apply its table deltas and run it, until rank 0 broadcasts ``None`` (under data-parallel
+attention :func:`atom.parallel.dp_runner.serve_replica_steps`: the list of every replica's batch, of
+which the rank runs its replica's).
 
 A spawned worker ignores Ctrl-C (the terminal sends it to every process of the group; rank 0 then
 stops the workers in order) and exits by itself if its parent disappears.
@@ -26,7 +28,7 @@ from atom.model_executor.model_runner import ModelRunner
 from atom.model_executor.placement import resolve_dtype, resolve_quant_sim, resolve_row_format
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
-from atom.parallel.process_group import RankGroup, join
+from atom.parallel.process_group import RankGroup, join, replica_comm
 from atom.parallel.shard_loader import load_sharded_checkpoint
 from atom.parallel.shard_plan import ShardPlan
 from atom.parallel.sharding import ParameterBytes, parameter_bytes
@@ -52,7 +54,8 @@ class RankSpec:
 def shard_plan_for(config: EngineConfig, rank: int, size: int, cfg: DeepseekV4Config) -> ShardPlan:
     par = config.parallel
     return ShardPlan(rank, size, split_attention=not par.replicate_attention,
-                     expert_parallel=par.enable_expert_parallel, n_experts=cfg.n_routed_experts)
+                     expert_parallel=par.enable_expert_parallel, n_experts=cfg.n_routed_experts,
+                     replicas=par.data_parallel_size)
 
 
 def layout_for(cfg: DeepseekV4Config, config: EngineConfig, *, on_gpu: bool) -> KvLayout:
@@ -76,9 +79,13 @@ def build_rank_runner(spec: RankSpec, group: RankGroup, *, keep_logits: bool = F
     plan = shard_plan_for(c, group.rank, group.size, cfg)
     quant_sim = resolve_quant_sim(c.model.quant_sim, Path(spec.model_dir)) if spec.quant_sim is None else spec.quant_sim
     device = torch.device(group.device)
-    model = load_sharded_checkpoint(spec.model_dir, plan, group.comm, dtype=resolve_dtype(c.model.dtype, device),
+    comm, expert_comm = group.comm, None
+    if c.parallel.data_parallel_size > 1:  # dense layers within the replica, routed rows over every rank
+        comm, expert_comm = replica_comm(group, c.parallel.tensor_parallel_size), group.comm
+    model = load_sharded_checkpoint(spec.model_dir, plan, comm, dtype=resolve_dtype(c.model.dtype, device),
                                     device=device, batch_invariant=spec.batch_invariant, quant_sim=quant_sim,
-                                    load_mtp=False, model_class=DeepseekV4ForServing)  # MTP is not served
+                                    load_mtp=False, model_class=DeepseekV4ForServing,  # MTP is not served
+                                    expert_comm=expert_comm)
     layout = layout_for(model.cfg, c, on_gpu=device.type != "cpu")
     runner = ModelRunner(model, layout, max_model_len=c.scheduler.max_model_len, seed=c.model.seed,
                          poison=spec.poison, kernel_backend=spec.kernel_backend, keep_logits=keep_logits,
@@ -106,7 +113,12 @@ def worker_main(spec: RankSpec, rank: int, size: int, init_method: str, parent_p
     group = join(rank, size, init_method, spec.device)
     runner, held = build_rank_runner(spec, group, keep_logits=spec.keep_logits)
     group.gather(held)
-    serve_steps(group, runner)
+    if spec.config.parallel.data_parallel_size > 1:
+        from atom.parallel.dp_runner import serve_replica_steps
+
+        serve_replica_steps(group, runner, spec.config.parallel)
+    else:
+        serve_steps(group, runner)
     group.leave()
 
 
