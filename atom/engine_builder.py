@@ -16,6 +16,7 @@ from atom.config import CacheConfig, EngineConfig
 from atom.kv.block_manager import BlockManager
 from atom.spec_decode.draft_source import DraftSource, RunnerDrafts
 from atom.kv.kv_layout import KvLayout, plan_kv_layout
+from atom.model_engine.dp_engine import DataParallelEngine, check_data_parallel_config
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_executor.decode_graphs import serving_graph_mode
@@ -41,7 +42,7 @@ def describe_kv(layout: KvLayout) -> str:
 def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_backend: str | None = None,
                  batch_invariant: bool = False, poison: bool | None = None, quant_sim: bool | None = None,
                  rank_group: Any = None, value_checks: bool = False, drafter: DraftSource | None = None,
-                 step_thread: bool | None = None) -> LLMEngine:
+                 step_thread: bool | None = None) -> LLMEngine | DataParallelEngine:
     """An :class:`LLMEngine` serving ``config.model.path`` (None: the built-in tiny model).
 
     The serving model (:class:`DeepseekV4ForServing`; the reference model is never built here) is loaded
@@ -61,6 +62,11 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     (:mod:`atom.parallel`; each rank's weights kept as stored, rank ``k`` on GPU ``k % visible GPUs`` when
     the device is a GPU): this process is rank 0 and spawns the others, or joins the ranks ``torchrun``
     started when ``rank_group`` is given.
+
+    With ``config.parallel.data_parallel_size`` D > 1 the ranks form D attention replicas of
+    ``tensor_parallel_size`` ranks (:mod:`atom.parallel.dp_runner`), and the engine is a
+    :class:`DataParallelEngine` over D schedulers, each with its own block manager over the same
+    layout (``--kv-cache-memory`` is each replica's arena), behind the prefix-aware replica router.
     """
     from atom.builtin_model import ensure_builtin_model
     from atom.parallel.worker import RankSpec, layout_for, shard_plan_for
@@ -68,6 +74,7 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
 
     env = envs.load()
     mc = config.model
+    check_data_parallel_config(config)
     if config.cache.gpu_memory_utilization is not None and (
             config.parallel.world_size > 1 or resolve_device(mc.device).type == "cpu"):
         raise ValueError("--gpu-memory-utilization profiles one GPU's memory; on the CPU (or with tensor "
@@ -79,6 +86,9 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
     max_model_len = config.scheduler.max_model_len
     num_spec = config.scheduler.speculative_num_tokens
     size = config.parallel.world_size
+    if size > 1 and config.cache.host_kv_cache_bytes:
+        raise ValueError("--host-kv-cache-memory runs on one rank (tensor_parallel_size=1); the ranks' arenas "
+                         "would each need their own host tier")
     if size > 1 and num_spec:
         raise ValueError(f"speculative_num_tokens={num_spec} needs "
                          "tensor_parallel_size=1 (the ranks would verify drafts separately)")
@@ -94,7 +104,12 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
         spec = RankSpec(config, str(model_dir), poison=poison, kernel_backend=kernel_backend,
                         batch_invariant=batch_invariant, device=device_type, eos_token_id=tokenizer.eos_token_id,
                         quant_sim=quant_sim)
-        runner = start_parallel_runner(spec, keep_logits=keep_logits, group=rank_group)
+        if config.parallel.data_parallel_size > 1:
+            from atom.parallel.dp_runner import start_data_parallel_runner
+
+            runner = start_data_parallel_runner(spec, keep_logits=keep_logits, group=rank_group)
+        else:
+            runner = start_parallel_runner(spec, keep_logits=keep_logits, group=rank_group)
         cache = config.cache
     else:
         device = resolve_device(mc.device)
@@ -115,13 +130,18 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
         runner = ModelRunner(model, layout, max_model_len=max_model_len, seed=mc.seed, poison=poison,
                              kernel_backend=kernel_backend, keep_logits=keep_logits,
                              eos_token_id=tokenizer.eos_token_id, value_checks=value_checks,
-                             speculative_num_tokens=num_spec, graph_mode=mode, step_thread=step_thread)
+                             speculative_num_tokens=num_spec, graph_mode=mode, step_thread=step_thread,
+                             host_kv_chunks=cache.host_kv_cache_bytes // layout.chunk_bytes)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {model_cfg.vocab_size}")
+    name = mc.served_model_name or (Path(path).name if path else "atom-tiny-dsv4")
+    if config.parallel.data_parallel_size > 1:  # one scheduler and block manager per replica, same layout
+        schedulers = [Scheduler(config.scheduler, BlockManager(layout, cache), eos_token_id=tokenizer.eos_token_id)
+                      for _ in range(config.parallel.data_parallel_size)]
+        return DataParallelEngine(schedulers, runner, tokenizer, model_name=name, max_model_len=max_model_len)
     bm = BlockManager(layout, cache, mtp_rows=num_spec > 0)  # the MTP layer writes rows only when it drafts
     scheduler = Scheduler(config.scheduler, bm, eos_token_id=tokenizer.eos_token_id,
                           drafter=drafter if drafter is not None else RunnerDrafts())
-    name = mc.served_model_name or (Path(path).name if path else "atom-tiny-dsv4")
     return LLMEngine(scheduler, runner, tokenizer, model_name=name, max_model_len=max_model_len)
 
 
