@@ -48,6 +48,17 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _host_gib(text: str) -> int:
+    """``--host-kv-cache-memory``: GiB as a number (``1``, ``0.5``; 0 = off) or a size with a unit (``512MiB``); bytes."""
+    try:
+        gib = float(text)
+    except ValueError:
+        return _size_arg(text)
+    if not gib >= 0 or gib == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of GiB >= 0 (0 = no host tier) or a size like 512MiB")
+    return int(gib * (1 << 30))
+
+
 def _fraction(text: str) -> float:
     """A number in (0, 1] (``--gpu-memory-utilization``)."""
     try:
@@ -130,6 +141,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="F", help="on a GPU: give the KV arena F x the device's memory minus the weights, "
                                           "a profiled step's peak and the CUDA-graph pool (printed at start-up), "
                                           "instead of --kv-cache-memory; F in (0, 1] (default: off)")
+    parser.add_argument("--host-kv-cache-memory", type=_host_gib, default=dc.host_kv_cache_bytes, metavar="GIB",
+                        help="host memory (GiB, or a size like 512MiB) for a second KV tier: prefix blocks the "
+                             "arena evicts are kept there and restored exactly on a later hit; pinned on a GPU "
+                             "(default: 0 = off; see docs/prefix_cache.md)")
     parser.add_argument("--block-size", type=_nonneg_int, default=dc.block_size,
                         help="tokens per KV block; 0 = the model's own (default: %(default)s)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
@@ -215,7 +230,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         cache=CacheConfig.from_env(envs.load(), kv_cache_bytes=args.kv_cache_memory, block_size=args.block_size,
                                    enable_prefix_caching=args.enable_prefix_caching,
                                    kv_cache_dtype=args.kv_cache_dtype,
-                                   gpu_memory_utilization=args.gpu_memory_utilization),
+                                   gpu_memory_utilization=args.gpu_memory_utilization,
+                                   host_kv_cache_bytes=args.host_kv_cache_memory),
         parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size,
                                 enable_expert_parallel=args.enable_expert_parallel,
                                 distributed_executor_backend=args.distributed_executor_backend))
