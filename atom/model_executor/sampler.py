@@ -34,7 +34,7 @@ import torch
 
 from atom.model_executor.counter_rng import MASK32, row_keys, uniforms
 from atom.model_executor.logits_processors import apply_batched_edits, token_logprobs
-from atom.model_executor.sampling_rows import DeviceRows, RowBatch, SampleRequest
+from atom.model_executor.sampling_rows import DeviceRows, NewHistory, RowBatch, SampleRequest
 from atom.output.request_output import TokenLogprobs
 from atom.sampling_params import SamplingParams
 from atom.spec_decode.rejection_sampler import accept_drafts
@@ -94,28 +94,28 @@ class Sampler:
         self._slot: dict[int, int] = {}  # seq_id -> history row
         self._generated: dict[int, int] = {}  # seq_id -> tokens generated (for min_tokens)
         self._free: list[int] = []
+        self._pending: dict[int, NewHistory] = {}  # history rows begun, their ids not yet on the device
         self._counts: torch.Tensor | None = None
         self._seen: torch.Tensor | None = None
 
     # ---- per-request history ------------------------------------------------------------------
     def begin(self, seq_id: int, prompt: tuple[int, ...], output: tuple[int, ...], vocab: int,
               device: torch.device) -> None:
-        """A request (re)admitted with penalties or min_tokens: its history from its ids so far."""
+        """A request (re)admitted with penalties or min_tokens: its history from its ids so far. The row is
+        cleared now (device fills); the ids cross with the next :meth:`sample_all`'s packed rows (no copy of
+        their own) and are written there before any edit reads the row."""
         slot = self._slot.get(seq_id) or self._take_slot(vocab, device)
         self._slot[seq_id], self._generated[seq_id] = slot, len(output)
         self._counts[slot].zero_()
         self._seen[slot].zero_()
-        if prompt or output:
-            self._seen[slot, torch.tensor(prompt + output, dtype=torch.long, device=device)] = True
-        if output:
-            ids = torch.tensor(output, dtype=torch.long, device=device)
-            self._counts[slot].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+        self._pending[slot] = NewHistory(slot, prompt + output, output)
 
     def release(self, seq_ids: Iterable[int]) -> None:
         for sid in seq_ids:
             slot = self._slot.pop(sid, None)
             self._generated.pop(sid, None)
             if slot:
+                self._pending.pop(slot, None)
                 self._free.append(slot)
 
     def _take_slot(self, vocab: int, device: torch.device) -> int:
@@ -148,9 +148,8 @@ class Sampler:
         :class:`SampleRequest`). One host-to-device copy in, one read back."""
         if not requests:
             return StepSamples([], [], [])
-        batch = RowBatch(requests)
+        batch, rows = self.rows(requests, logits.device)
         assert logits.shape[0] == batch.num_rows, f"{logits.shape[0]} logits rows for {batch.num_rows} sampling rows"
-        rows = batch.to_device(logits.device)
         edited = apply_batched_edits(logits, rows, batch, self._counts, self._seen)
         greedy = torch.argmax(edited, dim=-1)
         probs = noise = None
@@ -162,6 +161,23 @@ class Sampler:
         if batch.any_history:
             self._extend_history(rows, tokens, batch)
         return self._read(logits, tokens, accepted, rows, batch)
+
+    def rows(self, requests: list[SampleRequest], device: torch.device) -> tuple[RowBatch, DeviceRows]:
+        """The step's rows on ``device`` (one copy), with the history rows begun since the last step written
+        into the history tables (their ids travel in the same copy)."""
+        batch = RowBatch(requests, tuple(self._pending.values()))
+        rows = batch.to_device(device)
+        if batch.history:
+            self._pending.clear()
+            self._fill_history(rows)
+        return batch, rows
+
+    def _fill_history(self, rows: DeviceRows) -> None:
+        """Write the ids of new history rows (already cleared by :meth:`begin`)."""
+        slots, ids = rows.new_seen
+        self._seen.index_put_((slots, ids), torch.ones_like(ids, dtype=torch.bool))
+        slots, ids = rows.new_counted
+        self._counts.index_put_((slots, ids), torch.ones_like(ids, dtype=torch.int32), accumulate=True)
 
     def _keys(self, rows: DeviceRows) -> torch.Tensor:
         seeded = row_keys(rows.seed_lo, rows.seed_hi, rows.position)

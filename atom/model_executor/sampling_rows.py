@@ -5,7 +5,8 @@ request's parameters become columns of per-row tensors: a request with ``k`` dra
 consecutive rows of the logits (row ``i`` gives the token at output position ``position + i``); a
 request without drafts owns one. Everything the host knows (parameters, seeds, positions, drafts,
 ``logit_bias`` pairs, tokens ``min_tokens`` bans, which history row holds a request's penalties state,
-the ``[requests, k_max + 1]`` map from requests to rows) is written into one float64 host buffer
+the ``[requests, k_max + 1]`` map from requests to rows, the ids of histories that start this step) is
+written into one float64 host buffer
 (exact for ids, seeds split in 32-bit halves, and fp32 parameters), copied once (pinned and
 non-blocking on a GPU) and sliced on the device. :class:`RowBatch` also keeps the host-side facts
 that decide which ops run (``any_*`` flags): a fixed set of ops for each combination of features the
@@ -20,7 +21,7 @@ import torch
 
 from atom.sampling_params import SamplingParams
 
-__all__ = ["SampleRequest", "RowBatch", "DeviceRows"]
+__all__ = ["SampleRequest", "RowBatch", "DeviceRows", "NewHistory"]
 
 # per-row columns of the packed buffer
 _COLS = ("temperature", "top_k", "top_p", "min_p", "repetition", "frequency", "presence",
@@ -46,6 +47,17 @@ class SampleRequest:
 
 
 @dataclass(frozen=True)
+class NewHistory:
+    """A history row the sampler starts (a request admitted or resumed with penalties or ``min_tokens``):
+    ``slot`` its row in the history tables, ``seen`` the ids it holds so far (prompt and output), ``counted``
+    its output ids (each counted once per occurrence)."""
+
+    slot: int
+    seen: tuple[int, ...]
+    counted: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class DeviceRows:
     """The device tensors of a step's rows (``N`` rows, ``R`` requests, ``K`` = most drafts of a request)."""
 
@@ -67,14 +79,16 @@ class DeviceRows:
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows, token ids, values) of logit_bias
     banned: tuple[torch.Tensor, torch.Tensor]  # (rows, token ids) set to -inf
     history_rows: torch.Tensor  # int64 [H]: rows whose sampled token extends a history
+    new_seen: tuple[torch.Tensor, torch.Tensor]  # (history slots, token ids) of histories started this step
+    new_counted: tuple[torch.Tensor, torch.Tensor]  # (history slots, token ids): their output ids
 
 
 class RowBatch:
     """The host side of a step's rows: flags deciding which ops run, and the packing of
-    :class:`DeviceRows`."""
+    :class:`DeviceRows`; ``history``: the history rows to fill before the step's edits read them."""
 
-    def __init__(self, requests: list[SampleRequest]) -> None:
-        self.requests = requests
+    def __init__(self, requests: list[SampleRequest], history: tuple[NewHistory, ...] = ()) -> None:
+        self.requests, self.history = requests, history
         self.num_rows = sum(r.num_rows for r in requests)
         self.max_drafts = max((len(r.drafts) for r in requests), default=0)
         params = [r.params for r in requests]
@@ -120,7 +134,8 @@ class RowBatch:
         return DeviceRows(**flt, **ints, seeded=col["seeded"] > 0, request_rows=request_rows,
                           first_rows=request_rows[:, 0],
                           bias=(bias[0].to(torch.int64), bias[1].to(torch.int64), bias[2].to(torch.float32)),
-                          banned=(banned[0], banned[1]), history_rows=parts[4].to(torch.int64))
+                          banned=(banned[0], banned[1]), history_rows=parts[4].to(torch.int64),
+                          new_seen=_pairs(parts[5]), new_counted=_pairs(parts[6]))
 
     def _pack(self) -> tuple[list[float], list[int]]:
         columns: dict[str, list[float]] = {k: [] for k in _COLS}
@@ -139,7 +154,10 @@ class RowBatch:
             if r.slot:
                 history.append(first)
         flat = [v for k in _COLS for v in columns[k]]
-        blocks = [flat, request_rows, bias[0] + bias[1] + bias[2], banned[0] + banned[1], history]
+        seen = [[h.slot for h in self.history for _ in h.seen], [t for h in self.history for t in h.seen]]
+        counted = [[h.slot for h in self.history for _ in h.counted], [t for h in self.history for t in h.counted]]
+        blocks = [flat, request_rows, bias[0] + bias[1] + bias[2], banned[0] + banned[1], history,
+                  seen[0] + seen[1], counted[0] + counted[1]]
         return [v for b in blocks for v in b], [len(b) for b in blocks]
 
     @staticmethod
@@ -152,3 +170,9 @@ class RowBatch:
                       r.drafts[i] if i < len(r.drafts) else -1, r.slot)
             for k, v in zip(_COLS, values):
                 columns[k].append(float(v))
+
+
+def _pairs(part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first half, second half)`` of a packed block of two equal-length int lists, as int64."""
+    both = part.to(torch.int64).view(2, -1)
+    return both[0], both[1]

@@ -8,7 +8,6 @@ import torch
 
 from atom.model_executor.logits_processors import SequenceHistory, apply_batched_edits, apply_logits_processors
 from atom.model_executor.sampler import Sampler
-from atom.model_executor.sampling_rows import RowBatch
 from atom.sampling_params import SamplingParams
 
 SEEDED = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True)
@@ -54,8 +53,8 @@ def test_batched_logits_edits_equal_the_per_row_reference_exactly():
             sampler.begin(sid, prompt, output, VOCAB, torch.device("cpu"))
             histories[sid] = SequenceHistory.of(prompt, output, VOCAB, torch.device("cpu"))
         requests.append(sampler.request(sid, params, 10))
-    batch = RowBatch(requests)
-    edited = apply_batched_edits(logits, batch.to_device(logits.device), batch, sampler._counts, sampler._seen)
+    batch, rows = sampler.rows(requests, logits.device)  # the histories' ids cross with the rows
+    edited = apply_batched_edits(logits, rows, batch, sampler._counts, sampler._seen)
     banned = (9, 5)
     for sid, r in enumerate(requests):
         ref = apply_logits_processors(logits[sid], r.params, histories.get(sid), banned)
