@@ -18,6 +18,7 @@ class View:
     hits: dict[int, int] = field(default_factory=dict)
     free: int = 0
     waiting: int = 0
+    running: int = 0
     asked: int = 0
 
     def cached_prefix_tokens(self, token_ids):
@@ -29,6 +30,9 @@ class View:
 
     def waiting_tokens(self):
         return self.waiting
+
+    def running_tokens(self):
+        return self.running
 
 
 PROMPT = [7] * 40
@@ -46,6 +50,17 @@ def test_a_prefix_tie_goes_to_the_most_free_arena_then_the_fewest_waiting_tokens
     assert router.route(PROMPT, [View({7: 32}, free=10), View({7: 32}, free=20), View({7: 16}, free=99)]) == 1
     assert router.route(PROMPT, [View({7: 32}, free=20, waiting=9), View({7: 32}, free=20, waiting=3)]) == 1
     assert router.route(PROMPT, [View({7: 32}, free=20, waiting=3), View({7: 32}, free=20, waiting=3)]) == 0
+
+
+def test_a_longer_prefix_wins_over_a_less_loaded_replica_only_when_it_saves_more_tokens_than_the_load_gap():
+    router = ReplicaRouter("prefix")
+    # replica 0 holds 4096 more tokens of the prompt; its running requests hold 4000 more tokens: 96 > 0
+    assert router.route(PROMPT, [View({7: 4096}, running=4000), View(running=0)]) == 0
+    assert router.route(PROMPT, [View({7: 4096}, running=5000), View(running=0)]) == 1  # -904 < 0
+    # an exact tie of gains (4096 - 4096 = 0 - 0) goes to the more free arena
+    assert router.route(PROMPT, [View({7: 4096}, running=4096, free=1), View(free=2)]) == 1
+    assert router.route(PROMPT, [View({7: 64}, running=10, free=3), View({7: 80}, running=30, free=2),
+                                 View({7: 80}, running=26, free=4)]) == 2  # gains 54, 50, 54: tie to more free
 
 
 def test_a_miss_everywhere_goes_to_the_most_free_arena():
@@ -215,5 +230,7 @@ def test_the_scheduler_view_reports_the_probe_the_free_arena_and_the_waiting_tok
     h.add(range(200, 230), max_tokens=2)
     h.add(range(300, 305), max_tokens=2)
     assert view.waiting_tokens() == h.sched.waiting_tokens() == 35
+    assert view.running_tokens() == 0
     h.step()
     assert view.waiting_tokens() == 0
+    assert view.running_tokens() == 35 + 2  # both prompts fit the 64-token step: each sampled its first token
