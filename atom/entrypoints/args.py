@@ -16,6 +16,7 @@ from atom import envs
 from atom.config import (DTYPES, EXECUTOR_BACKENDS, KV_CACHE_DTYPES, MAX_SPECULATIVE_TOKENS, QUANT_SIM, CacheConfig,
                          EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig)
 from atom.entrypoints.limits import PROMPT_CHARS_PER_TOKEN, ServerLimits
+from atom.model_engine.dp_engine import check_data_parallel_config
 
 __all__ = ["parse_bytes", "add_serve_arguments", "engine_config_from_args", "ServerArgs", "server_args_from",
            "limits_from_args"]
@@ -169,6 +170,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
                         help="ranks that split the model: query heads, output groups, vocabulary and experts "
                              "(default: %(default)s; see docs/parallelism.md)")
+    parser.add_argument("--data-parallel-size", "-dp", type=_positive_int, default=1,
+                        help="attention replicas, each of --tensor-parallel-size ranks with its own requests, "
+                             "scheduler and KV arena (the group's KV grows with them); the routed experts are "
+                             "split over all dp x tp ranks (default: %(default)s; see docs/parallelism.md)")
     parser.add_argument("--enable-expert-parallel", action="store_true",
                         help="partition the routed experts whole across the ranks instead of splitting each one")
     parser.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS, default="mp",
@@ -220,7 +225,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The one config the CLI builds (retention settings from the environment). Raises
     ``ValueError`` (from the configs) on bad combinations."""
-    return EngineConfig(
+    config = EngineConfig(
         model=ModelConfig(path=args.model, served_model_name=args.served_model_name, seed=args.seed,
                           device=args.device, dtype=args.dtype, quant_sim=args.quant_sim,
                           enforce_eager=args.enforce_eager),
@@ -233,8 +238,11 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                                    gpu_memory_utilization=args.gpu_memory_utilization,
                                    host_kv_cache_bytes=args.host_kv_cache_memory),
         parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size,
+                                data_parallel_size=args.data_parallel_size,
                                 enable_expert_parallel=args.enable_expert_parallel,
                                 distributed_executor_backend=args.distributed_executor_backend))
+    check_data_parallel_config(config)
+    return config
 
 
 @dataclass(frozen=True)

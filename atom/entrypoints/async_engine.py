@@ -5,7 +5,7 @@ touches it. Everything else talks to that thread through a command queue::
 
     event loop (routes)                            engine thread
     -------------------                            -------------
-    group.add_all() --("add", [(rid, ids, params)...])--> add_request() each --accepted / ValueError--> future
+    group.add_all() --("add", [(rid, ids, params)...], session)--> add_request() each --accepted / ValueError--> future
     group.outputs() <--outputs, call_soon_threadsafe--  step() while work exists
     abort()     --("abort", rid)-------------->    abort_request()
     call(fn)    --("call", fn)---------------->    fn(engine)     --result / exception--> future
@@ -19,7 +19,9 @@ flight with an internal error, aborts them in the engine and marks the server un
 A :class:`RequestGroup` gathers the requests of one HTTP call (``n`` choices, several prompts)
 behind one output queue. It is admitted by ONE command (so a request of 256 prompts enters the
 engine between two steps, not one per step) and aborted as one: the requests it added, waiting or
-running, all go. On shutdown, :meth:`AsyncEngine.close_groups` ends every open group with a
+running, all go. Under data-parallel attention the choices of one prompt are placed together
+(``place_with``: they share the prompt, so they share one replica's prefix cache) and the group's
+``session`` (the request's ``user``) keeps a user's requests on one replica. On shutdown, :meth:`AsyncEngine.close_groups` ends every open group with a
 :class:`ServerStoppingError`, so a stream can say why it ends instead of being cut. Contract of :meth:`AsyncEngine.generate` (a group of one): it raises ``ValueError`` (before yielding anything) when
 the engine rejects the request, then yields each :class:`RequestOutput` of that request in order;
 the last has ``finished=True``. Leaving the iterator early (client gone, task cancelled) aborts the
@@ -40,7 +42,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 from atom.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from atom.model_engine.dp_engine import DataParallelEngine
     from atom.model_engine.llm_engine import LLMEngine
+
+    Engine = LLMEngine | DataParallelEngine
     from atom.output.request_output import RequestOutput
 
 __all__ = ["AsyncEngine", "RequestGroup", "EngineDeadError", "ServerStoppingError"]
@@ -86,16 +91,16 @@ class RequestGroup:
         """Add one request (see :meth:`add_all`)."""
         await self.add_all([(request_id, prompt_ids, params)])
 
-    async def add_all(self, requests: list[tuple[str, list[int], SamplingParams]]) -> None:
-        """Add ``(request_id, prompt_ids, params)`` requests in one engine command. If the engine
-        rejects one, none of them stays and its ``ValueError`` is raised; if the caller is
-        cancelled meanwhile, all of them are aborted."""
+    async def add_all(self, requests: list[tuple[str, list[int], SamplingParams]], session: str | None = None) -> None:
+        """Add ``(request_id, prompt_ids, params)`` requests in one engine command (``session``: see
+        the module docstring). If the engine rejects one, none of them stays and its ``ValueError`` is
+        raised; if the caller is cancelled meanwhile, all of them are aborted."""
         if self._engine.dead_reason is not None:
             raise EngineDeadError(self._engine.dead_reason)
         accepted: asyncio.Future[None] = self._loop.create_future()
         rids = [rid for rid, _, _ in requests]
         self.unfinished.update(rids)
-        self._engine._send("add", requests, self, accepted)
+        self._engine._send("add", requests, self, accepted, session)
         try:
             await accepted  # raises ValueError if the engine rejects a request
         except asyncio.CancelledError:
@@ -135,9 +140,10 @@ class RequestGroup:
 
 
 class AsyncEngine:
-    """Owns the engine thread; the only way the server reaches ``LLMEngine``."""
+    """Owns the engine thread; the only way the server reaches the engine (``LLMEngine``, or
+    ``DataParallelEngine`` under data-parallel attention: the same API)."""
 
-    def __init__(self, engine: "LLMEngine", *, integrity_check_when_idle: bool = True) -> None:
+    def __init__(self, engine: "Engine", *, integrity_check_when_idle: bool = True) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = engine.model_name
@@ -201,16 +207,16 @@ class AsyncEngine:
         """Abort a request (no-op if it already finished). Thread-safe."""
         self._send("abort", (request_id,))
 
-    async def call(self, fn: Callable[["LLMEngine"], Any]) -> Any:
+    async def call(self, fn: Callable[["Engine"], Any]) -> Any:
         """Run ``fn(engine)`` on the engine thread between steps and return its result."""
         return await asyncio.wrap_future(self.submit_call(fn))
 
-    def call_sync(self, fn: Callable[["LLMEngine"], Any], timeout: float = 30.0) -> Any:
+    def call_sync(self, fn: Callable[["Engine"], Any], timeout: float = 30.0) -> Any:
         """Blocking :meth:`call` for other threads (tests, tools); never from the engine thread."""
         assert threading.current_thread() is not self._thread, "call_sync from the engine thread deadlocks"
         return self.submit_call(fn).result(timeout)
 
-    def submit_call(self, fn: Callable[["LLMEngine"], Any]) -> "concurrent.futures.Future[Any]":
+    def submit_call(self, fn: Callable[["Engine"], Any]) -> "concurrent.futures.Future[Any]":
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if not self.healthy:
             fut.set_exception(EngineDeadError(self.dead_reason or "engine thread is not running"))
@@ -245,13 +251,17 @@ class AsyncEngine:
     def _apply(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
         if kind == "add":
-            _, requests, group, accepted = cmd
+            _, requests, group, accepted, session = cmd
             added: list[str] = []
+            first_with: dict[tuple[int, ...], str] = {}  # prompt -> the first request added with it
             try:
                 if self.dead_reason is not None:
                     raise EngineDeadError(self.dead_reason)
                 for rid, ids, params in requests:
-                    self.engine.add_request(ids, params, request_id=rid)
+                    key = tuple(ids)
+                    self.engine.add_request(ids, params, request_id=rid, session=session,
+                                            place_with=first_with.get(key))
+                    first_with.setdefault(key, rid)
                     added.append(rid)
             except Exception as exc:  # ValueError: bad request; anything else: reported as is
                 for rid in added:  # all or none: the group is one request to its client

@@ -31,9 +31,11 @@ from atom.entrypoints.async_engine import AsyncEngine
 from atom.entrypoints.connections import RateLimitedLoopErrors, guarded_protocol
 from atom.entrypoints.metrics import ServerMetrics
 from atom.entrypoints.openai_server import build_app
+from atom.model_engine.dp_engine import DataParallelEngine
+from atom.model_engine.llm_engine import LLMEngine
 from atom.parallel.launch import close_runner, join_launched_ranks, serve_launched_rank
 
-__all__ = ["Server", "load_engine", "serve_from_args", "bind_socket"]
+__all__ = ["Server", "load_engine", "serve_from_args", "bind_socket", "describe_replicas", "stop_runner"]
 
 #: The interpreter's thread switch interval in a server process (Python's default is 5 ms). The engine
 #: thread gives up the interpreter lock around every tensor operation of a step; while a parse thread
@@ -120,6 +122,28 @@ class Server(uvicorn.Server):
         thread.join(timeout)
 
 
+def describe_replicas(engine: DataParallelEngine, tensor_parallel_size: int) -> list[str]:
+    """One line per attention replica: its ranks, its arena (bytes, held and free), its requests running
+    and waiting and the prompt tokens its prefix cache served (``/metrics`` has the same, live)."""
+    lines = [f"{engine.replicas} attention replicas, each with its own scheduler and KV arena "
+             "(--kv-cache-memory each); new requests go to the replica caching the longest prefix of their prompt"]
+    t = tensor_parallel_size
+    for d, r in enumerate(engine.replica_stats()):
+        total = sum(r.arena_bytes.values())
+        ranks = f"rank {d * t}" if t == 1 else f"ranks {d * t}..{d * t + t - 1}"
+        lines.append(f"  replica {d} ({ranks}): arena {total / 2**20:.1f} MiB ({r.arena_bytes.get('free', 0) / 2**20:.1f}"
+                     f" MiB free), {r.num_running} running, {r.num_waiting} waiting, {r.hit_tokens} hit tokens")
+    return lines
+
+
+def stop_runner(engine: LLMEngine | DataParallelEngine) -> None:
+    """Stop the engine's runner and its workers (nothing to do for a single-rank runner)."""
+    if isinstance(engine, DataParallelEngine):
+        engine.runner.close()
+    else:
+        close_runner(engine.runner)
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening-ready TCP socket bound to ``host:port`` (``SO_REUSEADDR``, as uvicorn binds).
     Raises ``OSError`` naming the address when it is taken or cannot be bound."""
@@ -166,6 +190,9 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     print(f"atom: {describe_kv(engine.engine.runner.views.layout)}", file=sys.stderr, flush=True)
+    if isinstance(engine.engine, DataParallelEngine):
+        for line in describe_replicas(engine.engine, config.parallel.tensor_parallel_size):
+            print(f"atom: {line}", file=sys.stderr, flush=True)
     metrics = ServerMetrics()
     server = Server(build_app(engine, api_key=net.api_key, limits=net.limits, metrics=metrics, warm_helpers=True), net, metrics=metrics)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # see the module docstring
@@ -175,6 +202,6 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        close_runner(engine.engine.runner)
+        stop_runner(engine.engine)
     print("atom: server stopped", file=sys.stderr, flush=True)
     return 0 if server.started else 1

@@ -3,8 +3,10 @@
 Two kinds of values:
 
 * engine state and cumulative engine counters (arena bytes per owner, running / waiting requests,
-  preemptions, prefix-cache queries / hits / attributed misses, tokens in and out) come from
-  ``LLMEngine.stats()``; the route fetches a fresh snapshot on the engine thread at every scrape
+  preemptions, prefix-cache queries / hits / attributed misses, tokens in and out; under data-parallel
+  attention also each replica's arena, queue and hits, and the padding steps) come from
+  ``LLMEngine.stats()`` (or ``DataParallelEngine.stats()``, the sums over the replicas); the route
+  fetches a fresh snapshot on the engine thread at every scrape
   and :class:`_EngineStatsCollector` exposes it, so nothing is double counted or goes stale;
 * per-request latencies (time to first token, time per output token, end-to-end latency) and
   finished requests by reason are observed by the routes as requests complete.
@@ -79,6 +81,39 @@ class _EngineStatsCollector(Collector):
             misses.add_metric([label], float(getattr(s.prefix, field)))
         yield misses
         yield from _speculative(s)
+        if s.replicas:
+            yield from _replicas(s)
+
+
+def _replicas(s: "EngineStats") -> Iterator[Metric]:
+    """Data-parallel attention: each replica's arena, queue and prefix-cache hits, and the padding steps
+    (a replica with nothing to run while another ran a step)."""
+    arena = GaugeMetricFamily("atom_replica_kv_arena_bytes", "KV arena bytes held per owner, and free, in each "
+                              "attention replica's arena.", labels=["replica", "owner"])
+    running = GaugeMetricFamily("atom_replica_num_requests_running", "Requests being scheduled, per replica.",
+                                labels=["replica"])
+    waiting = GaugeMetricFamily("atom_replica_num_requests_waiting", "Requests queued for admission, per replica.",
+                                labels=["replica"])
+    prompts = CounterMetricFamily("atom_replica_prompt_tokens", "Prompt tokens admitted, per replica.",
+                                  labels=["replica"])
+    hits = CounterMetricFamily("atom_replica_prefix_cache_hits", "Prompt tokens served from each replica's "
+                               "prefix cache.", labels=["replica"])
+    padding = CounterMetricFamily("atom_replica_padding_steps", "Steps a replica ran as padding (nothing to run "
+                                  "while another replica stepped).", labels=["replica"])
+    for d, r in enumerate(s.replicas):
+        label = str(d)
+        for owner, nbytes in sorted(r.arena_bytes.items()):
+            arena.add_metric([label, owner], float(nbytes))
+        running.add_metric([label], r.num_running)
+        waiting.add_metric([label], r.num_waiting)
+        prompts.add_metric([label], float(r.prompt_tokens))
+        hits.add_metric([label], float(r.hit_tokens))
+        padding.add_metric([label], float(r.padding_steps))
+    yield from (arena, running, waiting, prompts, hits, padding)
+    yield CounterMetricFamily("atom_padding_steps", "Replica-steps run as padding, all replicas.",
+                              value=float(s.padding_steps))
+    yield CounterMetricFamily("atom_padding_tokens", "Tokens run in padding steps, all replicas.",
+                              value=float(s.padding_tokens))
 
 
 def _speculative(s: "EngineStats") -> Iterator[Metric]:

@@ -51,6 +51,7 @@ class Prepared:
     echo_texts: list[str] = field(default_factory=list)  # completions with echo: prompt text per prompt
     num_logprobs: int | None = None  # None: no log-probabilities asked for
     chat_format: ChatFormat | None = None  # a DeepSeek-V4-encoded chat: split the answer (chat_output)
+    session: str | None = None  # the request's ``user``: a data-parallel engine keeps a session on one replica
 
 
 @dataclass
@@ -180,7 +181,7 @@ class OpenAIServing:
         params = [self._params(req, max_tokens, stop, k, edits) for k in range(req.n)]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return Prepared(kind, f"{prefix}-{uuid.uuid4().hex}", prompts, params, req.stream, include_usage, echo,
-                        req.num_logprobs(), chat_format)
+                        req.num_logprobs(), chat_format, req.user)
 
     @staticmethod
     def _check_refused(req: _SamplingFields, chat_format: ChatFormat | None) -> None:
@@ -271,7 +272,8 @@ class OpenAIServing:
                   for i in range(len(prep.prompts) * n)]
         index = {f"{prep.request_id}-{i}": i for i in range(len(states))}
         try:
-            await group.add_all([(rid, prep.prompts[i // n], prep.params[i % n]) for rid, i in index.items()])
+            await group.add_all([(rid, prep.prompts[i // n], prep.params[i % n]) for rid, i in index.items()],
+                                session=prep.session)
         except ValueError as exc:
             group.abort()
             raise ApiError(400, str(exc), param="prompt" if prep.kind == "completion" else "messages") from None
