@@ -42,7 +42,7 @@ from atom.kv.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
 if TYPE_CHECKING:
     from atom.bench.simulate import SimConfig
 
-__all__ = ["Policy", "ARENA", "ARENA_RESERVED", "ARENA_POLICIES", "OTHER_POLICIES", "fixed", "build_block_manager", "PoolSizedLayout", "SplitKvArena", "OracleKvArena", "atom_style_layout", "reserved_state_layout", "split_arena",
+__all__ = ["Policy", "ARENA", "ARENA_HOST", "ARENA_RESERVED", "ARENA_POLICIES", "OTHER_POLICIES", "fixed", "build_block_manager", "PoolSizedLayout", "SplitKvArena", "OracleKvArena", "atom_style_layout", "reserved_state_layout", "split_arena",
            "oracle_arena", "usable_bytes", "exact_page_bytes"]
 
 
@@ -293,11 +293,14 @@ class Policy:
     swa_share: float = 0.0
     full_retain: bool = False
     retention_interval: int = 0
+    host_tier: bool = False  # the block manager gets the host tier of ``SimConfig.host_kv_bytes``
 
 
 ARENA = Policy("arena", "arena")
 ARENA_POLICIES = (ARENA, Policy("arena+retain", "arena", full_retain=True),
                   Policy("arena+interval", "arena", full_retain=True, retention_interval=32768))
+#: the elastic arena (default flags) over the host tier (run when ``SimConfig.host_kv_bytes`` > 0)
+ARENA_HOST = Policy("arena+host", "arena", host_tier=True)
 #: the elastic arena with the request-state reservation made before the state owner (default flags)
 ARENA_RESERVED = Policy("arena-reserved-state", "reserved")
 OTHER_POLICIES = (Policy("atom-style", "atom"), Policy("atom-style+retain", "atom", full_retain=True),
@@ -311,8 +314,9 @@ def fixed(share: float, retain: bool = False) -> Policy:
 
 def build_block_manager(policy: Policy, layout: KvLayout, cfg: "SimConfig") -> BlockManager:
     """The real block manager over the arena ``policy`` names, with its flags as CacheConfig fields."""
+    host = {"host_kv_cache_bytes": cfg.host_kv_bytes} if policy.host_tier and cfg.host_kv_bytes else {}
     cache = CacheConfig(kv_cache_bytes=cfg.budget_bytes, enable_prefix_caching=cfg.prefix_caching,
-                        swa_full_retain=policy.full_retain, swa_retention_interval=policy.retention_interval)
+                        swa_full_retain=policy.full_retain, swa_retention_interval=policy.retention_interval, **host)
     if policy.kind == "arena":
         return BlockManager(layout, cache)
     if policy.kind == "reserved":

@@ -7,9 +7,9 @@ Every policy runs the real :class:`LLMEngine` (its :class:`Scheduler` + :class:`
 :class:`FakeRunner` on the same seeded trace (:mod:`atom.bench.sim_workloads`); only the arena under
 the block manager (and the retention flags, through :class:`CacheConfig` fields) differ. One step =
 one :meth:`LLMEngine.step_detailed` (one token per decoding request, prefill chunked by the token
-budget); a step that schedules nothing is not counted. Modelled time advances by the cost model per step:
-
-    step_seconds = step_s + token_s * tokens_processed      (defaults 5 ms + 40 us per token)
+budget); a step that schedules nothing is not counted. Modelled time advances by the cost model per step
+(:mod:`atom.bench.sim_cost`: a fixed cost, a per-token GEMM cost calibrated against a published V4-Flash
+result, attention growing with the KV bytes each token reads, and the host tier's PCIe copies).
 
 Throughput = tokens served (prompt + generated tokens of every finished request) / modelled seconds
 from 0 to the last completion. Utilisation at a step = (pages in use, live or cached, x their exact
@@ -37,8 +37,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence as Seq
 
-from atom.bench.sim_arenas import (ARENA, ARENA_POLICIES, OTHER_POLICIES, Policy, build_block_manager,
+from atom.bench.sim_arenas import (ARENA, ARENA_HOST, ARENA_POLICIES, OTHER_POLICIES, Policy, build_block_manager,
                                    exact_page_bytes, fixed)
+from atom.bench.sim_cost import CostModel, StepClock, model_for
 from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, first_prompt, request_id, segment_tokens
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.testing.fake_runner import FakeRunner
@@ -56,17 +57,6 @@ MAX_MODEL_LEN = 270336  # 256K prompts + answers
 
 
 @dataclass(frozen=True)
-class CostModel:
-    """Modelled seconds of one step: a fixed cost plus a cost per token processed."""
-
-    step_s: float = 0.005
-    token_s: float = 40e-6
-
-    def step(self, tokens: int) -> float:
-        return self.step_s + self.token_s * tokens
-
-
-@dataclass(frozen=True)
 class SimConfig:
     """Geometry and limits shared by every policy of a run."""
 
@@ -75,8 +65,9 @@ class SimConfig:
     max_num_seqs: int = 256
     max_batched_tokens: int = 8192
     max_model_len: int = MAX_MODEL_LEN
-    cost: CostModel = field(default_factory=CostModel)
+    cost: CostModel | None = None  # None: sim_cost.model_for(preset), the calibrated model
     prefix_caching: bool = True
+    host_kv_bytes: int = 0  # the host tier of the ``arena+host`` policy (0: that policy does not run)
     check_every: int = 0  # run the control plane's integrity checks every N steps (0 = never)
 
     @property
@@ -109,6 +100,9 @@ class RunResult:
     speed_model_s: float = 0.0  # modelled seconds of steps with max_num_seqs running
     speed_wall_s: float = 0.0
     series: list[tuple[float, int, int]] = field(default_factory=list)  # (t, swa bytes, compressed bytes)
+    host_bytes_in: int = 0  # host tier: bytes loaded (host -> device) and stored (device -> host)
+    host_bytes_out: int = 0
+    copy_wait_s: float = 0.0  # modelled seconds steps waited for host copies
 
     @property
     def throughput(self) -> float:
@@ -144,6 +138,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
     engine = LLMEngine(Scheduler(cfg.limits, bm, None), FakeRunner(vocab_size=VOCAB))
     sched = engine.scheduler
     budget, cost = layout.kv_cache_bytes, exact_page_bytes(layout)
+    clock = StepClock(cfg.cost or model_for(cfg.preset), cost)
     by_sid = {s.sid: s for s in sessions}
     pending: list[tuple[float, int, int]] = [(s.arrival, request_id(s.sid, 0), s.sid) for s in sessions]
     heapq.heapify(pending)
@@ -188,7 +183,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
                                    f"running and {len(sched.waiting)} waiting")
             t = max(t, pending[0][0])
             continue
-        dt = cfg.cost.step(batch.num_tokens)
+        dt = clock.step(batch)
         running = len(batch.seqs)
         for new in batch.new_tables:
             if new.seq_id not in seen:
@@ -240,6 +235,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
     res.prompt_tokens = sum(a[1] for a in res.hits_by_kind.values())
     res.counters = replace(bm.counters)
     res.evictions = bm.comp.pool.num_evictions + bm.swa.pool.num_evictions
+    res.host_bytes_in, res.host_bytes_out, res.copy_wait_s = clock.bytes_in, clock.bytes_out, clock.copy_wait_s
     stride = max(1, len(raw_series) // series_points)
     res.series = raw_series[::stride]
     return res
@@ -270,6 +266,7 @@ def compare(geometry: str, workload: str, sessions: Seq[Session], cfg: SimConfig
     full retain, and the best share (highest throughput, then the smaller share) is kept for each."""
     layout = base_layout(cfg)
     policies = [*ARENA_POLICIES, *(fixed(s, r) for r in (False, True) for s in shares), *OTHER_POLICIES]
+    policies += [ARENA_HOST] if cfg.host_kv_bytes else []
     results = {}
     for i, pol in enumerate(policies):
         r = run_trace(sessions, pol, cfg, layout)
@@ -365,6 +362,32 @@ def single_share_table(reports: list[WorkloadReport], shares: Seq[float]) -> str
     return "\n".join(lines)
 
 
+def host_tier_table(reports: list[WorkloadReport], host_gib: float) -> str:
+    """Per workload: ``arena`` (device only) against ``arena+host`` (the same arena over the host tier)."""
+    lines = [f"## Host tier ({host_gib:g} GiB host, arena default flags): device only vs with the tier",
+             "| geometry / workload | hit rate | hit rate +host | host hit tokens | tok/s | tok/s +host | +host / device "
+             "| GiB loaded | GiB stored | copy wait (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for rep in reports:
+        dev, host = rep.results[ARENA.name], rep.results[ARENA_HOST.name]
+        lines.append(f"| {rep.geometry} / {rep.workload} | {dev.hit_rate:.3f} | {host.hit_rate:.3f} | "
+                     f"{getattr(host.counters, 'reused_from_host', 0):,} | {dev.throughput:,.0f} | "
+                     f"{host.throughput:,.0f} | {host.throughput / dev.throughput:.3f} | "
+                     f"{host.host_bytes_in / 2**30:.2f} | {host.host_bytes_out / 2**30:.2f} | {host.copy_wait_s:.2f} |")
+    return "\n".join(lines)
+
+
+def host_tier_line(reports: list[WorkloadReport]) -> str:
+    """``host_tier: hit_rate_agentic=.. device_only=.. tokens_per_s_vs_device_only_min=..``: the agentic hit
+    rate of ``arena+host`` and of ``arena`` (min over geometries), and the least tok/s ratio of the two."""
+    def agentic(name: str) -> float:
+        return min((rep.results[name].kind_hit_rate("agentic") for rep in reports if rep.workload == "agentic"),
+                   default=math.nan)
+    ratio = min(rep.results[ARENA_HOST.name].throughput / rep.results[ARENA.name].throughput for rep in reports)
+    return (f"host_tier: hit_rate_agentic={agentic(ARENA_HOST.name):.4f} device_only={agentic(ARENA.name):.4f} "
+            f"tokens_per_s_vs_device_only_min={ratio:.4f}")
+
+
 def summary_line(reports: list[WorkloadReport]) -> str:
     """``throughput_vs_best_fixed_min=.. hit_rate_agentic=.. utilisation_mean=..`` (see the module doc)."""
     ratios = [rep.vs_best_fixed("arena") for rep in reports]
@@ -406,7 +429,13 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--shares", type=_number(float, 1.0), nargs="+", default=None,
                     help="SWA byte shares swept for the fixed split (default 0.05 0.1 0.2 0.3 0.5)")
     ap.add_argument("--step-ms", type=_number(float), default=5.0, help="modelled fixed cost per step (5)")
-    ap.add_argument("--token-us", type=_number(float), default=40.0, help="modelled cost per token processed (40)")
+    ap.add_argument("--token-us", type=_number(float), default=None,
+                    help="modelled GEMM cost per token (default: calibrated, docs/simulation.md)")
+    ap.add_argument("--attn-gbps", type=_number(float), default=3000.0,
+                    help="GB/s at which attention reads KV bytes (3000)")
+    ap.add_argument("--pcie-gbps", type=_number(float), default=50.0, help="host tier copies, GB/s each way (50)")
+    ap.add_argument("--host-kv-gib", type=_number(float, None, allow_zero=True), default=0.0,
+                    help="host tier under the arena: adds the arena+host policy (default 0: off)")
     ap.add_argument("--plot", default=None, help="PNG path (default: <tmpdir>/atom_simulate.png)")
     args = ap.parse_args(argv)
     geometries = args.geometries or (["flash"] if args.quick else ["flash", "pro"])
@@ -414,13 +443,16 @@ def main(argv: Seq[str] | None = None) -> int:
     scale = args.scale or (0.08 if args.quick else 1.0)
     shares = sorted(set(args.shares or ((0.1, 0.2) if args.quick else (0.05, 0.1, 0.2, 0.3, 0.5))))
     plot_path = args.plot or os.path.join(tempfile.gettempdir(), "atom_simulate.png")
-    cost = CostModel(args.step_ms / 1e3, args.token_us / 1e6)
+    costs = {geo: model_for(GEOMETRIES[geo], step_s=args.step_ms / 1e3,
+                            token_s=None if args.token_us is None else args.token_us / 1e6,
+                            attn_bytes_per_s=args.attn_gbps * 1e9, pcie_bytes_per_s=args.pcie_gbps * 1e9)
+             for geo in geometries}
     wall0 = time.perf_counter()
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     reports = []
     for geo in geometries:
         cfg = SimConfig(GEOMETRIES[geo], int(args.budget_gib * 2**30), args.max_num_seqs,
-                        args.max_batched_tokens, cost=cost)
+                        args.max_batched_tokens, cost=costs[geo], host_kv_bytes=int(args.host_kv_gib * 2**30))
         try:
             base_layout(cfg)
         except ValueError as e:
@@ -432,6 +464,8 @@ def main(argv: Seq[str] | None = None) -> int:
             reports.append(rep)
             print(format_table(rep, shares) + "\n", flush=True)
     print(single_share_table(reports, shares) + "\n")
+    if args.host_kv_gib:
+        print(host_tier_table(reports, args.host_kv_gib) + "\n")
     plotted = plot(reports, plot_path)
     speed_m = sum(r.speed_model_s for rep in reports for r in rep.results.values())
     speed_w = sum(r.speed_wall_s for rep in reports for r in rep.results.values())
@@ -439,6 +473,8 @@ def main(argv: Seq[str] | None = None) -> int:
     print(f"plot: {plot_path}" if plotted else "plot: skipped (matplotlib is not installed: pip install -e .[bench])")
     print(f"simulator speed at {args.max_num_seqs} running requests: {speed} modelled s per wall s "
           f"({speed_m:.1f} modelled s in {speed_w:.1f} wall s); whole run {time.perf_counter() - wall0:.1f} wall s")
+    if args.host_kv_gib:
+        print(host_tier_line(reports))
     print(summary_line(reports))
     return 0
 
