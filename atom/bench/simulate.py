@@ -2,6 +2,7 @@
 
     python -m atom.bench.simulate [--quick] [--geometries flash pro] [--workloads chat long agentic sysprompt mix]
                                   [--budget-gib 40] [--shares 0.05 0.1 0.2 0.3 0.5] [--plot PATH]
+    python -m atom.bench.simulate --replicas D [--router prefix least-loaded round-robin] ...   (sim_replicas)
 
 Every policy runs the real :class:`LLMEngine` (its :class:`Scheduler` + :class:`BlockManager`) with a
 :class:`FakeRunner` on the same seeded trace (:mod:`atom.bench.sim_workloads`); only the arena under
@@ -46,6 +47,7 @@ from atom.testing.fake_runner import FakeRunner
 from atom.kv.kv_layout import KvLayout, plan_kv_layout
 from atom.kv.prefix_stats import PrefixStats
 from atom.model_engine.llm_engine import LLMEngine
+from atom.model_engine.router import POLICIES as ROUTER_POLICIES
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
 from atom.kv.page_map import COMPRESS, STATE, SWA
@@ -437,7 +439,15 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--host-kv-gib", type=_number(float, None, allow_zero=True), default=0.0,
                     help="host tier under the arena: adds the arena+host policy (default 0: off)")
     ap.add_argument("--plot", default=None, help="PNG path (default: <tmpdir>/atom_simulate.png)")
+    ap.add_argument("--replicas", type=_number(int), default=None,
+                    help="data-parallel attention: this many arenas of budget/D behind the replica router, "
+                         "instead of the arena comparison (atom/bench/sim_replicas.py)")
+    ap.add_argument("--router", nargs="+", choices=ROUTER_POLICIES, default=None,
+                    help="with --replicas: the router policies compared (default: all three; the last line "
+                         "reports the first)")
     args = ap.parse_args(argv)
+    if args.router and not args.replicas:
+        ap.error("--router needs --replicas")
     geometries = args.geometries or (["flash"] if args.quick else ["flash", "pro"])
     workloads = args.workloads or list(WORKLOADS)
     scale = args.scale or (0.08 if args.quick else 1.0)
@@ -447,6 +457,9 @@ def main(argv: Seq[str] | None = None) -> int:
                             token_s=None if args.token_us is None else args.token_us / 1e6,
                             attn_bytes_per_s=args.attn_gbps * 1e9, pcie_bytes_per_s=args.pcie_gbps * 1e9)
              for geo in geometries}
+    if args.replicas:
+        from atom.bench.sim_replicas import replica_main
+        return replica_main(ap, args, geometries, workloads, scale, costs)
     wall0 = time.perf_counter()
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     reports = []
