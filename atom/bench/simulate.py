@@ -2,6 +2,7 @@
 
     python -m atom.bench.simulate [--quick] [--geometries flash pro] [--workloads chat long agentic sysprompt mix]
                                   [--budget-gib 40] [--shares 0.05 0.1 0.2 0.3 0.5] [--plot PATH]
+                                  [--host-kv-gib N] [--pcie-gbps 50] [--attn-gbps 3000] [--step-ms 5] [--token-us T]
     python -m atom.bench.simulate --replicas D [--router prefix least-loaded round-robin] ...   (sim_replicas)
 
 Every policy runs the real :class:`LLMEngine` (its :class:`Scheduler` + :class:`BlockManager`) with a
