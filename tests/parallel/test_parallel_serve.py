@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,36 +20,12 @@ from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atom.engine_builder import build_engine
 from atom.parallel.process_group import free_port
 from atom.sampling_params import SamplingParams
+from support.serve_process import alive, atom_command, children, launch
 
 pytestmark = pytest.mark.slow
 
 FLAGS = ["--max-model-len", "128", "--kv-cache-memory", "16MiB", "--max-num-seqs", "4"]
 PROMPT = "The arena lends chunks"
-
-
-def launch(cmd: list[str], tiny_dir, **popen) -> tuple[subprocess.Popen, str, list[str]]:
-    """Start ``cmd`` and read its output until it serves: (process, URL, the lines so far)."""
-    env = {**os.environ, "ATOM_CACHE_DIR": str(tiny_dir.parent)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **popen)
-    url = None
-    seen = []
-    deadline = time.monotonic() + 120
-    while url is None and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if line.startswith("atom: serving at "):
-            url = line.split()[3].removesuffix("/v1")
-    if url is None:
-        proc.kill()
-        pytest.fail("the server did not start:\n" + "".join(seen))
-    return proc, url, seen
-
-
-def atom_command() -> list[str]:
-    script = Path(sys.executable).parent / "atom"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "atom.entrypoints.cli"]
 
 
 def start(tiny_dir, *extra: str) -> tuple[subprocess.Popen, str, int]:
@@ -76,27 +51,6 @@ def single_rank_text(tiny_dir) -> str:
                                     CacheConfig(kv_cache_bytes=16 << 20)))
     return one.generate([PROMPT], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
                         use_tqdm=False)[0].text
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from /proc)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_two_ranks_serve_the_single_rank_greedy_text_and_ctrl_c_stops_every_worker(tiny_dir, single_rank_text):
