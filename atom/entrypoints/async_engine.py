@@ -21,8 +21,11 @@ behind one output queue. It is admitted by ONE command (so a request of 256 prom
 engine between two steps, not one per step) and aborted as one: the requests it added, waiting or
 running, all go. Under data-parallel attention the choices of one prompt are placed together
 (``place_with``: they share the prompt, so they share one replica's prefix cache) and the group's
-``session`` (the request's ``user``) keeps a user's requests on one replica. On shutdown, :meth:`AsyncEngine.close_groups` ends every open group with a
-:class:`ServerStoppingError`, so a stream can say why it ends instead of being cut. Contract of :meth:`AsyncEngine.generate` (a group of one): it raises ``ValueError`` (before yielding anything) when
+``session`` (the request's ``user``) keeps a user's requests on one replica.
+
+On shutdown, :meth:`AsyncEngine.close_groups` ends every open group with a
+:class:`ServerStoppingError`, so a stream can say why it ends instead of being cut. Contract of
+:meth:`AsyncEngine.generate` (a group of one): it raises ``ValueError`` (before yielding anything) when
 the engine rejects the request, then yields each :class:`RequestOutput` of that request in order;
 the last has ``finished=True``. Leaving the iterator early (client gone, task cancelled) aborts the
 request, so its KV memory goes back to the arena.

@@ -131,8 +131,9 @@ def describe_replicas(engine: DataParallelEngine, tensor_parallel_size: int) -> 
     for d, r in enumerate(engine.replica_stats()):
         total = sum(r.arena_bytes.values())
         ranks = f"rank {d * t}" if t == 1 else f"ranks {d * t}..{d * t + t - 1}"
-        lines.append(f"  replica {d} ({ranks}): arena {total / 2**20:.1f} MiB ({r.arena_bytes.get('free', 0) / 2**20:.1f}"
-                     f" MiB free), {r.num_running} running, {r.num_waiting} waiting, {r.hit_tokens} hit tokens")
+        free = r.arena_bytes.get("free", 0)
+        lines.append(f"  replica {d} ({ranks}): arena {total / 2**20:.1f} MiB ({free / 2**20:.1f} MiB free), "
+                     f"{r.num_running} running, {r.num_waiting} waiting, {r.hit_tokens} hit tokens")
     return lines
 
 
