@@ -1,7 +1,8 @@
 """Data-parallel attention over 2 gloo ranks (2 replicas of 1 rank; experts partitioned or split over
 both): each replica runs its own requests, and every step's logits equal one rank running those
 requests alone, within 1e-5 relative (chunked prefill and decode); a replica left idle runs padding
-steps (counted) while the other runs, in both directions, without a hang.
+steps (counted) while the other runs, in both directions, without a hang. The same over 4 ranks: 2
+replicas of 2 tensor-parallel ranks, the experts over all 4.
 
 Rank 0 is this process; ``start_data_parallel_runner`` spawns rank 1."""
 
@@ -104,3 +105,22 @@ def test_execute_all_refuses_a_wrong_number_of_batches_or_no_batch_at_all(dp):
         runner.execute_all([None])
     with pytest.raises(ValueError, match="at least one replica's batch"):
         runner.execute_all([None, None])
+
+
+@pytest.mark.parametrize("expert_parallel", [True, False], ids=["expert-parallel", "tp-experts"])
+def test_two_replicas_of_two_tensor_parallel_ranks_give_each_batch_its_single_rank_logits(
+        tiny_dir, single_rank, expert_parallel):
+    par = ParallelConfig(2, data_parallel_size=2, enable_expert_parallel=expert_parallel)
+    out = io.StringIO()
+    runner = start_data_parallel_runner(rank_spec(tiny_dir, par), keep_logits=True, out=out)
+    try:
+        assert "replica 1: ranks 2..3" in out.getvalue()
+        schedulers = [scheduler_for(engine_config(tiny_dir, par)) for _ in range(2)]
+        for s, prompts, decode in zip(schedulers, PROMPTS, DECODE):
+            add_requests(s, prompts, decode)
+        logs = lockstep(runner.execute_all, schedulers)
+    finally:
+        runner.close()
+    for got, want in zip(logs, single_rank):
+        check_steps(got, want)
+    assert runner.padding_steps >= 4  # replica 0 (ranks 0 and 1) padded while replica 1 decoded on
