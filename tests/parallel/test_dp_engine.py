@@ -1,4 +1,5 @@
-"""Data-parallel attention over 2 gloo ranks computes what one rank computes: the engine scenario of
+"""Data-parallel attention (2 replicas of 1 gloo rank, with and without expert parallelism, and 2 replicas of 2
+ranks) computes what one rank computes: the engine scenario of
 ``support.parallel_engine`` (a 32-token prefix, the 40-token prompt that hits it with a CSA restore on a
 NaN-poisoned arena, then four requests whose long decodes outgrow a 5-chunk arena and force a preemption)
 through ``build_engine`` with ``data_parallel_size=2`` (the path ``atom serve -dp 2`` takes).
@@ -30,6 +31,7 @@ LIMITS = SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=4, max_model_le
 MODES = {
     "dp2": ParallelConfig(data_parallel_size=2),
     "dp2+ep2": ParallelConfig(data_parallel_size=2, enable_expert_parallel=True),
+    "dp2xtp2+ep4": ParallelConfig(tensor_parallel_size=2, data_parallel_size=2, enable_expert_parallel=True),
 }
 
 
