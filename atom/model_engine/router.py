@@ -5,19 +5,20 @@ miss on every other. The router asks each replica, through a :class:`ReplicaView
 of the prompt its prefix cache holds now (a read-only walk of its prefix index), how much of its
 arena is free and how many prompt tokens wait in its queue, and picks one by its policy:
 
-- ``prefix`` (default): the replica with the most cached prefix tokens of the prompt less the
-  tokens its running requests hold: among equally loaded replicas the longest cached prefix wins,
-  and a longer prefix wins over a less loaded replica when it saves more tokens than the load
-  difference. A tie (a miss everywhere on equally loaded replicas) goes to the most free arena,
+- ``prefix`` (default): the replica with the most cached prefix tokens of the prompt less its load,
+  the tokens of its running and queued requests: among equally loaded replicas the longest cached
+  prefix wins, and a longer prefix wins over a less loaded replica when it saves more tokens than
+  the load difference. A tie (a miss everywhere on equally loaded replicas) goes to the most free arena,
   then the fewest waiting tokens, then the lowest index. A request that names a session (the
   OpenAI ``user`` field, or a session id) is sticky: once routed, the session's later requests go
   back to the same replica, where its earlier turns are cached, whatever the other replicas hold.
 
   Why the load term: a cached token saves one token of prefill and of KV on that replica, a running
-  token is one the request would share the replica's steps and arena with. Longest prefix alone
-  sends every new session that starts with a shared system prompt to the one replica that cached
-  it first, and sticky sessions then keep them there: on the simulator's agentic trace, 4 replicas,
-  731 of 752 requests went to one replica (``docs/simulation_results.md``).
+  or queued token is one the request would share the replica's steps and arena with. Longest prefix
+  alone sends every new session that starts with a shared system prompt to the one replica that
+  cached it first, and sticky sessions then keep them there: on the simulator's agentic trace, 4
+  replicas, 731 of 752 requests went to one replica (``docs/parallelism.md``). Queued tokens count
+  too, or requests arriving between two steps all go to the replica that ran least.
 - ``least-loaded``: the most free arena, then the fewest waiting tokens, then the lowest index
   (cache-blind, as the routers of other engines).
 - ``round-robin``: replicas in turn, whatever they hold.
@@ -129,8 +130,8 @@ class ReplicaRouter:
 
     # ---- policies -----------------------------------------------------------------------------
     def _longest_prefix(self, token_ids: Sequence[int], replicas: Sequence[ReplicaView]) -> int:
-        """The most cached prefix tokens less running tokens; ties by :meth:`_least_loaded`."""
-        gains = [r.cached_prefix_tokens(token_ids) - r.running_tokens() for r in replicas]
+        """The most cached prefix tokens less running and queued tokens; ties by :meth:`_least_loaded`."""
+        gains = [r.cached_prefix_tokens(token_ids) - r.running_tokens() - r.waiting_tokens() for r in replicas]
         best = max(gains)
         return self._least_loaded(replicas, [d for d, gain in enumerate(gains) if gain == best])
 

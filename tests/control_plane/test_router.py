@@ -40,33 +40,38 @@ PROMPT = [7] * 40
 
 # ---- policies -----------------------------------------------------------------------------------
 def test_the_prefix_policy_picks_the_replica_holding_the_longest_cached_prefix():
-    views = [View({7: 16}, free=900), View({7: 32}, free=100, waiting=500), View({7: 16}, free=1000)]
-    assert ReplicaRouter("prefix").route(PROMPT, views) == 1
+    views = [View({7: 16}, free=900), View({7: 32}, free=100, waiting=10), View({7: 16}, free=1000)]
+    assert ReplicaRouter("prefix").route(PROMPT, views) == 1  # gains 16, 22, 16
 
 
 def test_a_prefix_tie_goes_to_the_most_free_arena_then_the_fewest_waiting_tokens_then_the_lowest_index():
     router = ReplicaRouter()
     assert router.policy == "prefix"
     assert router.route(PROMPT, [View({7: 32}, free=10), View({7: 32}, free=20), View({7: 16}, free=99)]) == 1
-    assert router.route(PROMPT, [View({7: 32}, free=20, waiting=9), View({7: 32}, free=20, waiting=3)]) == 1
+    # equal gains (32 - 9 = 29 - 6): the fewer waiting tokens
+    assert router.route(PROMPT, [View({7: 32}, free=20, waiting=9), View({7: 29}, free=20, waiting=6)]) == 1
     assert router.route(PROMPT, [View({7: 32}, free=20, waiting=3), View({7: 32}, free=20, waiting=3)]) == 0
 
 
 def test_a_longer_prefix_wins_over_a_less_loaded_replica_only_when_it_saves_more_tokens_than_the_load_gap():
     router = ReplicaRouter("prefix")
-    # replica 0 holds 4096 more tokens of the prompt; its running requests hold 4000 more tokens: 96 > 0
-    assert router.route(PROMPT, [View({7: 4096}, running=4000), View(running=0)]) == 0
-    assert router.route(PROMPT, [View({7: 4096}, running=5000), View(running=0)]) == 1  # -904 < 0
+    # replica 0 holds 4096 more tokens of the prompt; its requests hold 4000 more tokens: 96 > 0
+    assert router.route(PROMPT, [View({7: 4096}, running=3000, waiting=1000), View(running=0)]) == 0
+    assert router.route(PROMPT, [View({7: 4096}, running=4000, waiting=1000), View(running=0)]) == 1  # -904 < 0
+    assert router.route(PROMPT, [View({7: 4096}, waiting=5000), View(running=0)]) == 1  # queued tokens weigh too
     # an exact tie of gains (4096 - 4096 = 0 - 0) goes to the more free arena
     assert router.route(PROMPT, [View({7: 4096}, running=4096, free=1), View(free=2)]) == 1
     assert router.route(PROMPT, [View({7: 64}, running=10, free=3), View({7: 80}, running=30, free=2),
-                                 View({7: 80}, running=26, free=4)]) == 2  # gains 54, 50, 54: tie to more free
+                                 View({7: 80}, running=20, waiting=6, free=4)]) == 2  # gains 54, 50, 54: more free
 
 
-def test_a_miss_everywhere_goes_to_the_most_free_arena():
-    views = [View(free=5), View(free=50, waiting=7), View(free=50, waiting=2), View({1: 64}, free=80)]
+def test_a_miss_everywhere_on_equally_loaded_replicas_goes_to_the_most_free_arena_then_the_fewest_waiting():
+    views = [View(free=5), View(free=50), View(free=50), View({1: 64}, free=80)]
     assert ReplicaRouter("prefix").route(PROMPT, views) == 3  # replica 3 holds another prompt: still a miss here
-    assert ReplicaRouter("prefix").route(PROMPT, views[:3]) == 2
+    views = [View(free=90, running=1), View(free=50, running=2, waiting=7), View(free=50, running=7, waiting=2)]
+    assert ReplicaRouter("prefix").route(PROMPT, views) == 0  # the least load first: gains -1, -9, -9
+    views[0].running, views[0].free = 9, 10
+    assert ReplicaRouter("prefix").route(PROMPT, views) == 2  # all -9: most free arena (50, 50), fewer waiting
 
 
 def test_least_loaded_ignores_the_cache_and_takes_the_most_free_arena_then_the_fewest_waiting_tokens():
