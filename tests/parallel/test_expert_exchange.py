@@ -11,7 +11,7 @@ import torch
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 from atom.parallel.expert_exchange import ExpertExchange
 from atom.comm import Comm
-from support.exchange_ranks import CFG, exchange_rank, load_full, moe_outputs, replica_tokens
+from support.exchange_ranks import CASES, CFG, exchange_rank, load_full, moe_outputs, replica_tokens
 from support.parallel_ranks import run_ranks
 
 MODES = {"expert-parallel": True, "tp-experts": False}
@@ -33,17 +33,16 @@ def check_close(got: list, want: list[torch.Tensor]) -> None:
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * float(w.abs().max()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("case", ["both", "empty", "padding"])
-def test_each_replica_gets_the_single_rank_moe_output_of_its_own_tokens(single_rank, mode, case):
-    got = dict(run_ranks(exchange_rank, (MODES[mode], case), results=2))
-    check_close(got[0], moe_outputs(single_rank, replica_tokens(0, case)))
-    if case == "padding":
-        assert got[1] is None
-    elif case == "empty":
-        assert [a.shape for a in got[1]] == [(0, CFG.dim)] * 2
-    else:
-        check_close(got[1], moe_outputs(single_rank, replica_tokens(1, case)))
+def test_each_replica_gets_the_single_rank_moe_output_of_its_own_tokens(single_rank, mode):
+    reports = run_ranks(exchange_rank, (MODES[mode],), results=2 * len(CASES))
+    got = {(rank, case): out for rank, case, out in reports}
+    for case in CASES:
+        check_close(got[0, case], moe_outputs(single_rank, replica_tokens(0, case)))
+    check_close(got[1, "both"], moe_outputs(single_rank, replica_tokens(1, "both")))
+    assert [a.shape for a in got[1, "empty"]] == [(0, CFG.dim)] * 2  # no tokens: took part, got nothing
+    assert got[1, "padding"] is None
 
 
 def test_expert_parallel_rows_go_only_to_the_ranks_owning_their_experts():

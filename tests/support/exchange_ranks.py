@@ -53,19 +53,23 @@ def load_full(model: torch.nn.Module, plan: ShardPlan | None) -> None:
             t.copy_(src.to(t.dtype))
 
 
-def exchange_rank(rank: int, init: str, expert_parallel: bool, case: str, queue) -> None:
-    """Replica ``rank`` of 2: its shard, its own tokens through both MoE layers; reports ``(rank, outputs)``
-    (rank 1 reports nothing in the "padding" case: it ran a padding step of one row per layer)."""
+CASES = ("both", "empty", "padding")
+
+
+def exchange_rank(rank: int, init: str, expert_parallel: bool, queue) -> None:
+    """Replica ``rank`` of 2: its shard; for each of :data:`CASES` its own tokens through both MoE layers;
+    reports ``(rank, case, outputs)`` (outputs None when rank 1 ran a padding step of one row per layer)."""
     group = join(rank, 2, init, "cpu")
     plan = ShardPlan(rank, 2, split_attention=False, expert_parallel=expert_parallel,
                      n_experts=CFG.n_routed_experts, replicas=2)
     model = shard_model(DeepseekV4ForServing(CFG, device="meta"), plan, Comm(), "cpu", expert_comm=group.comm)
     load_full(model, plan)
-    if rank == 1 and case == "padding":
-        with torch.no_grad():
-            for i in (HASH_LAYER, SCORE_LAYER):
-                model.layers[i].ffn.pad_experts(1, torch.float32)
-        queue.put((rank, None))
-    else:
-        queue.put((rank, [t.numpy() for t in moe_outputs(model, replica_tokens(rank, case))]))
+    for case in CASES:
+        if rank == 1 and case == "padding":
+            with torch.no_grad():
+                for i in (HASH_LAYER, SCORE_LAYER):
+                    model.layers[i].ffn.pad_experts(1, torch.float32)
+            queue.put((rank, case, None))
+        else:
+            queue.put((rank, case, [t.numpy() for t in moe_outputs(model, replica_tokens(rank, case))]))
     group.leave()
