@@ -109,6 +109,7 @@ def test_each_replica_computes_what_one_rank_computes_for_the_requests_routed_to
     assert stats.num_preemptions >= 1 and any(r >= 0 for _, _, r, _ in steps[0])  # a CSA restore, a preemption
     assert sum(padding) > 0 and (stats.padding_steps, stats.padding_tokens) == (sum(padding), sum(padding))
     assert [r.padding_steps for r in stats.replicas] == padding  # an idle replica padded while the other ran
+    assert sum(r.padding_tokens for r in stats.replicas) == stats.padding_tokens  # the engine's count = the runner's
     for d in range(2):
         phases = [([p for p, r in zip(prompts, placed[i]) if r == d], n) for i, (prompts, n) in enumerate(PHASES)]
         want_outputs, want_steps = run_one_replica(tiny_dir, phases)
