@@ -11,8 +11,7 @@ import torch
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 from atom.parallel.expert_exchange import ExpertExchange
 from atom.comm import Comm
-from support.exchange_ranks import CASES, CFG, exchange_rank, load_full, moe_outputs, replica_tokens
-from support.parallel_ranks import run_ranks
+from support.exchange_ranks import CASES, CFG, exchange_reports, load_full, moe_outputs, replica_tokens
 
 MODES = {"expert-parallel": True, "tp-experts": False}
 
@@ -36,8 +35,7 @@ def check_close(got: list, want: list[torch.Tensor]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 def test_each_replica_gets_the_single_rank_moe_output_of_its_own_tokens(single_rank, mode):
-    reports = run_ranks(exchange_rank, (MODES[mode],), results=2 * len(CASES))
-    got = {(rank, case): out for rank, case, out in reports}
+    got = exchange_reports(MODES[mode], "cpu")
     for case in CASES:
         check_close(got[0, case], moe_outputs(single_rank, replica_tokens(0, case)))
     check_close(got[1, "both"], moe_outputs(single_rank, replica_tokens(1, "both")))

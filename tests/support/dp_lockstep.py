@@ -18,20 +18,21 @@ PROMPTS = ([[(53 * i + 7) % 500 + 1 for i in range(40)], [(17 * i + 5) % 500 + 1
            [[(31 * i + 3 * n) % 500 + 1 for i in range(n)] for n in (20, 28, 13)])
 
 
-def engine_config(model_dir, parallel: ParallelConfig) -> EngineConfig:
-    """fp32 weights, 24-token steps, an arena of 8 chunks per replica (per rank)."""
+def engine_config(model_dir, parallel: ParallelConfig, device: str = "cpu") -> EngineConfig:
+    """fp32 weights on ``device`` ("cpu" or "cuda"), 24-token steps, an arena of 8 chunks per replica (per rank)."""
     limits = SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=4, max_model_len=512)
     kv = KvLayout.for_chunks(read_config(model_dir).kv_spec("fp32", include_mtp=False), 8, limits).kv_cache_bytes
-    return EngineConfig(ModelConfig(path=str(model_dir), dtype="float32"), limits, CacheConfig(kv_cache_bytes=kv),
-                        parallel)
+    return EngineConfig(ModelConfig(path=str(model_dir), dtype="float32", device=device), limits,
+                        CacheConfig(kv_cache_bytes=kv), parallel)
 
 
-def rank_spec(model_dir, parallel: ParallelConfig) -> RankSpec:
-    return RankSpec(engine_config(model_dir, parallel), str(model_dir), poison=True)
+def rank_spec(model_dir, parallel: ParallelConfig, device: str = "cpu") -> RankSpec:
+    return RankSpec(engine_config(model_dir, parallel, device), str(model_dir), poison=True, device=device)
 
 
 def scheduler_for(config: EngineConfig) -> Scheduler:
-    layout = layout_for(read_config(config.model.path), config, on_gpu=False)
+    """A scheduler over a block manager of the layout every rank binds (the row format follows the device)."""
+    layout = layout_for(read_config(config.model.path), config, on_gpu=config.model.device != "cpu")
     return Scheduler(config.scheduler, BlockManager(layout, config.cache), eos_token_id=None)
 
 

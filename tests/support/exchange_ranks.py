@@ -36,7 +36,7 @@ def moe_inputs(tokens: torch.Tensor) -> torch.Tensor:
 
 def moe_outputs(model: DeepseekV4ForServing, tokens: torch.Tensor) -> list[torch.Tensor]:
     """The hash-routed and the score-routed MoE layers over ``tokens``."""
-    x = moe_inputs(tokens)
+    x = moe_inputs(tokens.cpu()).to(tokens.device)
     with torch.no_grad():
         return [model.layers[i].ffn(x, tokens) for i in (HASH_LAYER, SCORE_LAYER)]
 
@@ -56,13 +56,15 @@ def load_full(model: torch.nn.Module, plan: ShardPlan | None) -> None:
 CASES = ("both", "empty", "padding")
 
 
-def exchange_rank(rank: int, init: str, expert_parallel: bool, queue) -> None:
-    """Replica ``rank`` of 2: its shard; for each of :data:`CASES` its own tokens through both MoE layers;
-    reports ``(rank, case, outputs)`` (outputs None when rank 1 ran a padding step of one row per layer)."""
-    group = join(rank, 2, init, "cpu")
+def exchange_rank(rank: int, init: str, expert_parallel: bool, device_type: str, queue) -> None:
+    """Replica ``rank`` of 2 (gloo on ``device_type`` "cpu", NCCL on "cuda": rank ``k`` on GPU ``k``): its
+    shard; for each of :data:`CASES` its own tokens through both MoE layers; reports ``(rank, case,
+    outputs)`` (outputs None when rank 1 ran a padding step of one row per layer)."""
+    group = join(rank, 2, init, device_type)
     plan = ShardPlan(rank, 2, split_attention=False, expert_parallel=expert_parallel,
                      n_experts=CFG.n_routed_experts, replicas=2)
-    model = shard_model(DeepseekV4ForServing(CFG, device="meta"), plan, Comm(), "cpu", expert_comm=group.comm)
+    model = shard_model(DeepseekV4ForServing(CFG, device="meta"), plan, Comm(), group.device,
+                        expert_comm=group.comm)
     load_full(model, plan)
     for case in CASES:
         if rank == 1 and case == "padding":
@@ -71,5 +73,14 @@ def exchange_rank(rank: int, init: str, expert_parallel: bool, queue) -> None:
                     model.layers[i].ffn.pad_experts(1, torch.float32)
             queue.put((rank, case, None))
         else:
-            queue.put((rank, case, [t.numpy() for t in moe_outputs(model, replica_tokens(rank, case))]))
+            tokens = replica_tokens(rank, case).to(group.device)
+            queue.put((rank, case, [t.cpu().numpy() for t in moe_outputs(model, tokens)]))
     group.leave()
+
+
+def exchange_reports(expert_parallel: bool, device_type: str) -> dict:
+    """``{(rank, case): outputs}`` of :func:`exchange_rank` over 2 spawned ranks."""
+    from support.parallel_ranks import run_ranks
+
+    reports = run_ranks(exchange_rank, (expert_parallel, device_type), results=2 * len(CASES))
+    return {(rank, case): out for rank, case, out in reports}
