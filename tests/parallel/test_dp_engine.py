@@ -6,8 +6,9 @@ through ``build_engine`` with ``data_parallel_size=2`` (the path ``atom serve -d
 
 Each replica has its own scheduler and arena, so the steps are compared per replica: replica ``d``'s steps
 (which requests, from which position, restoring which page, and every row's logits) equal those of a
-single-rank engine given exactly the requests the router sent to ``d``, at the same points; the greedy
-tokens also equal the single-rank run of the whole scenario on one arena. Logits within 1e-5 relative."""
+single-rank engine given exactly the requests sent to ``d`` (by the router, or placed: see PHASES), at the
+same points; the greedy tokens also equal the single-rank run of the whole scenario on one arena. Logits
+within 1e-5 relative."""
 
 from __future__ import annotations
 
@@ -18,14 +19,18 @@ from atom.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, 
 from atom.engine_builder import build_engine
 from atom.kv.kv_layout import KvLayout
 from atom.model_engine.dp_engine import DataParallelEngine
+from atom.model_engine.sequence import Sequence
 from atom.models.deepseek_v4.loader import read_config
 from atom.sampling_params import SamplingParams
 from support.parallel_engine import CONCURRENT, PROMPT, make_engine, scenario
 
 pytestmark = pytest.mark.slow
 
-#: (prompts, max_tokens) submitted together, each phase run until idle: the scenario of support.parallel_engine.
-PHASES = [([PROMPT[:32]], 1), ([PROMPT], 2), (CONCURRENT, 40)]
+#: (prompts, max_tokens, replica) submitted together, each phase run until idle: the scenario of
+#: support.parallel_engine. The prefix and the prompt that extends it are routed (the router sends the second
+#: where the first is cached); the four long decodes are all placed on replica 1, where they outgrow its
+#: 5-chunk arena and force a preemption while replica 0 has nothing to run (padding steps).
+PHASES = [([PROMPT[:32]], 1, None), ([PROMPT], 2, None), (CONCURRENT, 40, 1)]
 LIMITS = SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=4, max_model_len=512, overlap=False)
 
 MODES = {
@@ -56,8 +61,12 @@ def renumbered(steps: list) -> list:
 def run_data_parallel(engine: DataParallelEngine):
     """(outputs per phase, replica of each request per phase, steps per replica, padding steps per replica)."""
     outputs, placed, steps, padding = [], [], [[] for _ in range(engine.replicas)], [0] * engine.replicas
-    for prompts, max_tokens in PHASES:
-        rids = [engine.add_request(p, greedy(max_tokens)) for p in prompts]
+    for prompts, max_tokens, replica in PHASES:
+        if replica is None:
+            rids = [engine.add_request(p, greedy(max_tokens)) for p in prompts]
+        else:
+            block = engine.schedulers[replica].block_size
+            rids = [engine.add_sequence(Sequence(p, greedy(max_tokens), block), replica=replica) for p in prompts]
         seqs = [engine.sequence(r) for r in rids]
         placed.append([engine.replica_of(r) for r in rids])
         while engine.has_unfinished_requests():
@@ -104,14 +113,14 @@ def test_each_replica_computes_what_one_rank_computes_for_the_requests_routed_to
         engine.runner.close()
     # the prefix goes to replica 0 and the prompt that extends it follows it there (a 32-token hit)
     assert placed[:2] == [[0], [0]] and outputs[1][0][1] == 32
-    assert sorted({d for phase in placed for d in phase}) == [0, 1]
+    assert placed[2] == [1] * len(CONCURRENT)
     assert [tokens for phase in outputs[1:] for tokens, _ in phase] == whole_scenario_tokens
     assert stats.num_preemptions >= 1 and any(r >= 0 for _, _, r, _ in steps[0])  # a CSA restore, a preemption
     assert sum(padding) > 0 and (stats.padding_steps, stats.padding_tokens) == (sum(padding), sum(padding))
     assert [r.padding_steps for r in stats.replicas] == padding  # an idle replica padded while the other ran
     assert sum(r.padding_tokens for r in stats.replicas) == stats.padding_tokens  # the engine's count = the runner's
     for d in range(2):
-        phases = [([p for p, r in zip(prompts, placed[i]) if r == d], n) for i, (prompts, n) in enumerate(PHASES)]
+        phases = [([p for p, r in zip(prompts, placed[i]) if r == d], n) for i, (prompts, n, _) in enumerate(PHASES)]
         want_outputs, want_steps = run_one_replica(tiny_dir, phases)
         got_outputs = [[o for o, r in zip(phase, placed[i]) if r == d] for i, phase in enumerate(outputs)]
         assert [o for o in got_outputs if o] == [o for o in want_outputs if o]
