@@ -37,3 +37,16 @@ def test_a_data_parallel_size_below_one_is_refused_naming_the_flag(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--data-parallel-size", "0"])
     assert exc.value.code == 2 and "--data-parallel-size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("expert_parallel, reason", [(False, "moe_inter_dim=32"), (True, "n_routed_experts=8")])
+def test_a_data_parallel_size_the_model_cannot_split_is_refused_before_any_worker_starts(model_dir, expert_parallel,
+                                                                                        reason):
+    from atom.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+    from atom.engine_builder import build_engine
+
+    config = EngineConfig(ModelConfig(path=str(model_dir)), SchedulerConfig(max_model_len=128),
+                          CacheConfig(kv_cache_bytes=16 << 20),
+                          ParallelConfig(data_parallel_size=3, enable_expert_parallel=expert_parallel))
+    with pytest.raises(ValueError, match=f"cannot be split over 3 ranks: the model's {reason}"):
+        build_engine(config)
