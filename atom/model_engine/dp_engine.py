@@ -22,9 +22,9 @@ Each step:
 2. the final outputs of requests aborted or refused since the last step are collected;
 3. ``runner.execute_all(batches)`` with ``batches[d]`` None for a replica with nothing to run (it runs
    a padding step, counted here per replica); no runner call at all when every replica is idle. A
-   replica's empty batch may still carry releases and page-table deltas: they are kept and shipped
-   with that replica's next batch that runs (releases first, as the runner applies them), so a batch
-   handed to the runner always has at least one sequence;
+   replica's empty batch may still carry releases, page-table deltas or page copies: they are kept and
+   shipped, in the order they were emitted, with that replica's next batch that runs (whose releases
+   the runner applies first), so a batch handed to the runner always has at least one sequence;
 4. each replica that ran postprocesses its output, in replica order.
 
 Steps never overlap here (``SchedulerConfig.overlap`` is not used): the runner's ``execute_all`` runs
@@ -92,9 +92,8 @@ class DataParallelEngine(EngineRequests):
             if (s.block_size, s.config, s.eos_token_id) != (first.block_size, first.config, first.eos_token_id):
                 raise ValueError(f"replica {d}'s scheduler differs from replica 0's (block size, scheduler "
                                  "config or end-of-sequence token): every replica must serve the same way")
-        replicas = getattr(runner, "replicas", len(schedulers))
-        if replicas != len(schedulers):
-            raise ValueError(f"the runner steps {replicas} replicas but {len(schedulers)} schedulers were given")
+        if runner.replicas != len(schedulers):
+            raise ValueError(f"the runner steps {runner.replicas} replicas but {len(schedulers)} schedulers were given")
         super().__init__(tokenizer, model_name, max_model_len or first.config.max_model_len)
         self.schedulers = list(schedulers)
         self.runner = runner
