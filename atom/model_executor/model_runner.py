@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+from typing import Callable
 
 import torch
 
@@ -120,13 +121,18 @@ class ModelRunner:
         for item in batch.seqs:
             if item.history is not None:
                 self.sampler.begin(item.seq_id, *item.history, logits.shape[-1], logits.device)
-        out = self._sample(batch, logits)
+        propose = None
+        if step is not None and self.mtp is not None:
+            def propose(tokens: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+                with checks():  # the MTP drafts run on the device, read back with the sampled tokens
+                    return self.mtp.propose(batch, step, self.tables, hidden, tokens, accepted)
+        out, drafted = self._sample(batch, logits, propose)
         if step is not None:
-            with checks():  # the commit and the MTP drafts run with the forward's value-check setting
+            with checks():  # the commit runs with the forward's value-check setting
                 if step.committed is not None:
                     self._commit(batch, step, out.accepted)
-                if self.mtp is not None:
-                    out = dataclasses.replace(out, drafts=self.mtp.run(batch, step, self.tables, hidden, out))
+            if self.mtp is not None:
+                out = dataclasses.replace(out, drafts=self.mtp.drafts(batch, out, drafted))
         return dataclasses.replace(out, logits=kept) if kept else out
 
     @torch.no_grad()
@@ -137,17 +143,19 @@ class ModelRunner:
         with value_checks_off():
             self.model.pad_experts(rows)
 
-    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor) -> RunnerOutput:
+    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, after: Callable | None = None
+                ) -> tuple[RunnerOutput, tuple[int, ...]]:
         """Rows of ``logits``: one per sampling request, ``1 + num_draft`` for a request with drafts. Every
-        request samples (and verifies its drafts) in one batched call with one read-back."""
+        request samples (and verifies its drafts) in one batched call with one read-back, which also
+        brings back the values of ``after`` (:meth:`Sampler.sample_all`): ``(the output, those values)``."""
         items = [item for item in batch.seqs if item.sample]
         requests = [self.sampler.request(item.seq_id, item.params, item.start_pos + item.num_committed, item.drafts)
                     for item in items]
-        out = self.sampler.sample_all(logits, requests)
+        out = self.sampler.sample_all(*(logits, requests) + (() if after is None else (after,)))
         sampled = {item.seq_id: t for item, t in zip(items, out.tokens)}
         accepted = {item.seq_id: a for item, a in zip(items, out.accepted) if item.num_draft}
         logprobs = {item.seq_id: lp for item, lp in zip(items, out.logprobs) if lp is not None}
-        return RunnerOutput(sampled, logprobs, accepted)
+        return RunnerOutput(sampled, logprobs, accepted), out.extra
 
     def _commit(self, batch: ScheduledBatch, step: StepInputs, accepted: dict[int, int]) -> None:
         """Advance every layer's compressor state over the accepted drafts of the step just run."""

@@ -17,8 +17,9 @@ only on which features the batch uses (any top-k, any top-p, ...), never on a ro
 4. drafts (:mod:`atom.spec_decode.rejection_sampler`, batched): accepted while they equal the argmax
    (greedy) or pass the rejection test; the token after the last accepted draft is the target's
    (greedy) or drawn from the residual;
-5. the step's outputs (tokens, accepted counts, logprobs) are packed into one float64 tensor and read
-   back once (pinned, non-blocking, waited on by an event on a GPU).
+5. the step's outputs (tokens, accepted counts, logprobs, and the values of device work given to run
+   on the sampled tokens first: the MTP drafts) are packed into one float64 tensor and read back once
+   (pinned, non-blocking, waited on by an event on a GPU).
 
 The random stream changed with this design: before it, a seeded request drew from a
 ``torch.Generator`` seeded per position (``torch.multinomial``); the same seed now gives other (equally
@@ -28,7 +29,7 @@ distributed) tokens than before, and the same tokens in any batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -45,11 +46,13 @@ __all__ = ["Sampler", "StepSamples", "filtered_probs"]
 @dataclass(frozen=True)
 class StepSamples:
     """Per request of the step, in order: the token it emits, how many of its drafts were accepted, and
-    the logprobs it asked for (None when it did not, or when it verified drafts)."""
+    the logprobs it asked for (None when it did not, or when it verified drafts); ``extra``: the values of
+    the ``after`` work :meth:`Sampler.sample_all` was given, read back with them."""
 
     tokens: list[int]
     accepted: list[int]
     logprobs: list[TokenLogprobs | None]
+    extra: tuple[int, ...] = ()
 
 
 def filtered_probs(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
@@ -143,10 +146,17 @@ class Sampler:
             banned = tuple(params.stop_token_ids) + (() if self._eos is None else (self._eos,))
         return SampleRequest(seq_id, params, position, drafts, slot, banned)
 
-    def sample_all(self, logits: torch.Tensor, requests: list[SampleRequest]) -> StepSamples:
+    def sample_all(self, logits: torch.Tensor, requests: list[SampleRequest],
+                   after: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> StepSamples:
         """Tokens for the step: ``logits [N, vocab]`` hold each request's rows in order (see
-        :class:`SampleRequest`). One host-to-device copy in, one read back."""
+        :class:`SampleRequest`). One host-to-device copy in, one read back. ``after(tokens, accepted)``:
+        device work on the step's outcome (int64 ``[R]`` each, request order; empty when nothing samples),
+        launched before the read; its integer result (a shape the host knows) comes back in the same read,
+        as :attr:`StepSamples.extra` (the MTP drafts, which need the sampled tokens)."""
         if not requests:
+            if after is not None:
+                none = torch.zeros(0, dtype=torch.long, device=logits.device)
+                assert after(none, none).numel() == 0, "work after a step that samples nothing returned values"
             return StepSamples([], [], [])
         batch, rows = self.rows(requests, logits.device)
         assert logits.shape[0] == batch.num_rows, f"{logits.shape[0]} logits rows for {batch.num_rows} sampling rows"
@@ -160,7 +170,8 @@ class Sampler:
         accepted, tokens = accept_drafts(greedy, probs, noise, rows, batch.max_drafts)
         if batch.any_history:
             self._extend_history(rows, tokens, batch)
-        return self._read(logits, tokens, accepted, rows, batch)
+        extra = None if after is None else after(tokens, accepted)
+        return self._read(logits, tokens, accepted, rows, batch, extra)
 
     def rows(self, requests: list[SampleRequest], device: torch.device) -> tuple[RowBatch, DeviceRows]:
         """The step's rows on ``device`` (one copy), with the history rows begun since the last step written
@@ -198,10 +209,11 @@ class Sampler:
                 self._generated[r.seq_id] += 1
 
     def _read(self, logits: torch.Tensor, tokens: torch.Tensor, accepted: torch.Tensor, rows: DeviceRows,
-              batch: RowBatch) -> StepSamples:
-        """Pack tokens, accepted counts and logprobs into one float64 tensor (exact for all of them) and
-        read it back once."""
-        parts = [tokens.to(torch.float64), accepted.to(torch.float64)]
+              batch: RowBatch, extra: torch.Tensor | None) -> StepSamples:
+        """Pack ``extra``, tokens, accepted counts and logprobs into one float64 tensor (exact for all of
+        them: ids, counts and fp32 values) and read it back once."""
+        extra = torch.zeros(0, dtype=torch.long, device=tokens.device) if extra is None else extra.flatten()
+        parts = [extra.to(torch.float64), tokens.to(torch.float64), accepted.to(torch.float64)]
         top = max(batch.max_logprobs, 0)
         if batch.max_logprobs >= 0:
             logp = torch.log_softmax(logits[rows.first_rows].float(), dim=-1)
@@ -210,9 +222,10 @@ class Sampler:
                 values, ids = torch.topk(logp, min(top, logp.shape[-1]), dim=-1)
                 parts += [ids.to(torch.float64).flatten(), values.to(torch.float64).flatten()]
         host = _to_host(torch.cat(parts))
-        r = len(batch.requests)
+        e, r = extra.numel(), len(batch.requests)
+        values, host = tuple(int(v) for v in host[:e]), host[e:]
         toks, acc = [int(v) for v in host[:r]], [int(v) for v in host[r:2 * r]]
-        return StepSamples(toks, acc, self._logprobs(host[2 * r:], toks, batch, top))
+        return StepSamples(toks, acc, self._logprobs(host[2 * r:], toks, batch, top), values)
 
     @staticmethod
     def _logprobs(host: list[float], tokens: list[int], batch: RowBatch, top: int) -> list[TokenLogprobs | None]:
