@@ -191,6 +191,9 @@ def serve_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     print(f"atom: {describe_kv(engine.engine.runner.views.layout)}", file=sys.stderr, flush=True)
+    host_tier = getattr(getattr(engine.engine, "scheduler", None), "bm", None)
+    if host_tier is not None and host_tier.host is not None:
+        print(f"atom: {host_tier.host.describe()}", file=sys.stderr, flush=True)
     if isinstance(engine.engine, DataParallelEngine):
         for line in describe_replicas(engine.engine, config.parallel.tensor_parallel_size):
             print(f"atom: {line}", file=sys.stderr, flush=True)

@@ -81,6 +81,8 @@ class _EngineStatsCollector(Collector):
             misses.add_metric([label], float(getattr(s.prefix, field)))
         yield misses
         yield from _speculative(s)
+        if s.host is not None:
+            yield from _host_tier(s)
         if s.replicas:
             yield from _replicas(s)
 
@@ -114,6 +116,26 @@ def _replicas(s: "EngineStats") -> Iterator[Metric]:
                               value=float(s.padding_steps))
     yield CounterMetricFamily("atom_padding_tokens", "Tokens run in padding steps, all replicas.",
                               value=float(s.padding_tokens))
+
+
+def _host_tier(s: "EngineStats") -> Iterator[Metric]:
+    """The host KV tier (``--host-kv-cache-memory``): prompt tokens it served, bytes moved each way, the
+    time steps waited for its copies, and its pool's use."""
+    h = s.host
+    yield CounterMetricFamily("atom_host_kv_hit_tokens", "Prompt tokens served only thanks to the host KV tier.",
+                              value=float(h.host_hit_tokens))
+    yield CounterMetricFamily("atom_host_kv_bytes_in", "Bytes restored from the host KV tier into the arena.",
+                              value=float(h.host_bytes_in))
+    yield CounterMetricFamily("atom_host_kv_bytes_out", "Bytes written back from the arena to the host KV tier.",
+                              value=float(h.host_bytes_out))
+    yield CounterMetricFamily("atom_host_kv_load_wait_seconds", "Seconds steps waited for host KV copies.",
+                              value=h.load_wait_seconds)
+    yield GaugeMetricFamily("atom_host_kv_pool_bytes", "Host KV pool bytes lent to an owner (whole chunks).",
+                            value=float(h.host_pool_bytes_used))
+    yield GaugeMetricFamily("atom_host_kv_pool_capacity_bytes", "Host KV pool size.",
+                            value=float(h.host_pool_bytes_total))
+    yield GaugeMetricFamily("atom_host_kv_pages", "Host KV pages holding a copy of a prefix block.",
+                            value=float(h.host_pages_used))
 
 
 def _speculative(s: "EngineStats") -> Iterator[Metric]:

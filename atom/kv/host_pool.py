@@ -91,6 +91,13 @@ class HostPool:
         """Host pages each owner would have if it held every chunk (the runner's view sizes)."""
         return {owner: self.num_chunks * lst.pages_per_chunk for owner, lst in self._lists.items()}
 
+    def describe(self) -> str:
+        """One start-up line: the pool's size and what it can hold."""
+        pages = self.num_pages
+        return (f"host KV tier: {self.num_chunks} chunks of {self.chunk_bytes} B = "
+                f"{self.num_chunks * self.chunk_bytes / 2**30:.3f} GiB ({pages[SWA]:,} SWA pages or "
+                f"{pages[COMPRESS] * self.block_size:,} compressed tokens); evicted prefix blocks are kept there")
+
     def num_copies(self, owner: Owner) -> int:
         return len(self._copies[owner])
 

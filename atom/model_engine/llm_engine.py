@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence as Seq
 
+from atom.kv.host_pool import HostTierStats
 from atom.model_engine.engine_requests import EngineRequests
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
@@ -137,7 +138,17 @@ class LLMEngine(EngineRequests):
         s, c, sp = self.scheduler, self.scheduler.bm.counters, self.scheduler.spec
         return EngineStats(s.bm.arena.usage(), len(s.running), len(s.waiting), s.num_preemptions, replace(c),
                            self._generation_tokens, sp.verifies, sp.proposed, sp.accepted,
-                           tuple(sp.proposed_at), tuple(sp.accepted_at))
+                           tuple(sp.proposed_at), tuple(sp.accepted_at), host=self._host_stats())
+
+    def _host_stats(self) -> HostTierStats | None:
+        """The host tier's totals, with the time the runner's steps waited for its copies."""
+        host = self.scheduler.bm.host
+        if host is None:
+            return None
+        out = host.snapshot()
+        copies = getattr(self.runner, "host_copies", None)
+        out.load_wait_seconds = copies.wait_seconds if copies is not None else 0.0
+        return out
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atom.kv.host_pool import HostTierStats
 from atom.kv.prefix_stats import PrefixStats
 
 __all__ = ["RequestOutput", "EngineStats", "ReplicaStats", "TokenLogprobs"]
@@ -82,6 +83,8 @@ class EngineStats:
     replicas: tuple[ReplicaStats, ...] = ()
     padding_steps: int = 0
     padding_tokens: int = 0
+    # the host KV tier (None when off): hit tokens, bytes each way, pool use, load wait
+    host: HostTierStats | None = None
 
     @property
     def spec_mean_acceptance_length(self) -> float:
