@@ -67,13 +67,17 @@ class HostCopies:
     """Host buffer of ``num_chunks`` arena chunks beside ``arena`` (the arena's byte buffer)."""
 
     def __init__(self, layout: KvLayout, num_chunks: int, arena: torch.Tensor,
-                 copy_pages: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]) -> None:
+                 copy_pages: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
+                 poison: bool = False) -> None:
+        """``copy_pages``: the kernel backend's page copy; ``poison``: the host buffer starts as 0xFF bytes
+        (NaN in every row format, like a poisoned arena), so a load of a page no store wrote shows."""
         if num_chunks < 1:
             raise ValueError(f"a host tier needs at least one chunk, got num_chunks={num_chunks}")
         self.layout = layout
         self.device = arena.device
         self.on_gpu = self.device.type == "cuda"
-        self.host = torch.zeros(num_chunks * layout.chunk_bytes, dtype=torch.uint8, pin_memory=self.on_gpu)
+        self.host = torch.full((num_chunks * layout.chunk_bytes,), 0xFF if poison else 0, dtype=torch.uint8,
+                               pin_memory=self.on_gpu)
         self.arena = arena
         self.copy_pages = copy_pages
         self.spans = _spans(layout)

@@ -66,8 +66,8 @@ class ModelRunner:
         self.kernels = load_kernels(kernel_backend)
         model.bind_arena(self.views, self.kernels)
         # the host tier's bytes (host_kv_chunks arena chunks); the batch's copy orders run before each step
-        self.host_copies = HostCopies(layout, host_kv_chunks, self.views.buffer, self.kernels.copy_pages) \
-            if host_kv_chunks else None
+        self.host_copies = HostCopies(layout, host_kv_chunks, self.views.buffer, self.kernels.copy_pages,
+                                      poison=poison) if host_kv_chunks else None
         max_blocks = -(-max_model_len // layout.spec.block_size)
         self.tables = PageTables(layout.max_live_requests, max_blocks, device=self.device)
         self.sampler = Sampler(seed, eos_token_id, device=self.device)
