@@ -79,10 +79,10 @@ class ExpertExchange:
         row, wherever it lives), zero for the rows a sibling of its replica dispatches. Collective over the
         expert group: every rank calls it once per MoE layer, with ``T = 0`` rows if it has none."""
         mine = torch.arange(self.replica.rank, x.shape[0], self.replica.size, device=x.device)
-        sent, send_counts = self._plan(idx[mine])
+        order, send_counts = self._plan(idx[mine])  # order: this rank's rows to send, grouped by peer
         recv_counts = self._exchange_counts(send_counts, x.device)
-        route = torch.cat([weights[mine].float(), idx[mine].float()], dim=1)[sent[1]]
-        rows = self.comm.all_to_all(x[mine][sent[1]], send_counts, recv_counts)
+        route = torch.cat([weights[mine].float(), idx[mine].float()], dim=1)[order]
+        rows = self.comm.all_to_all(x[mine][order], send_counts, recv_counts)
         got = self.comm.all_to_all(route, send_counts, recv_counts)
         k = idx.shape[1]
         if rows.shape[0]:
@@ -94,15 +94,15 @@ class ExpertExchange:
         lo = 0
         for count in send_counts:  # peers in rank order: a row's partials are added in that order
             if count:
-                out[mine[sent[1][lo:lo + count]]] += back[lo:lo + count]
+                out[mine[order[lo:lo + count]]] += back[lo:lo + count]
             lo += count
         return out
 
-    def _plan(self, idx: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], list[int]]:
-        """``((peer, row) of every row sent, ordered by peer then row), rows sent to each peer``."""
+    def _plan(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """``(the rows to send, by peer then row: a row once per peer that needs it; rows per peer)``."""
         dest = self.destinations(idx)
-        sent = torch.nonzero(dest.t(), as_tuple=True)  # row-major over [world, rows]: by peer, then row
-        return sent, dest.sum(dim=0).tolist()
+        _, order = torch.nonzero(dest.t(), as_tuple=True)  # row-major over [world, rows]: by peer, then row
+        return order, dest.sum(dim=0).tolist()
 
     def _exchange_counts(self, send_counts: list[int], device: torch.device) -> list[int]:
         """Rows this rank receives from each peer (one ``all_to_all_single`` of one int per rank, on the rows'
