@@ -2,12 +2,13 @@
 both): each replica runs its own requests, and every step's logits equal one rank running those
 requests alone, within 1e-5 relative (chunked prefill and decode); a replica left idle runs padding
 steps (counted) while the other runs, in both directions, without a hang. The same over 4 ranks: 2
-replicas of 2 tensor-parallel ranks, the experts over all 4.
+replicas of 2 tensor-parallel ranks, the experts over all 4; and on quantized checkpoints.
 
 Rank 0 is this process; ``start_data_parallel_runner`` spawns rank 1."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from atom.config import ParallelConfig
 from atom.engine_builder import build_engine
+from atom.models.deepseek_v4.make_tiny_checkpoint import make_tiny_checkpoint
 from atom.parallel.dp_runner import PADDING_ROWS, start_data_parallel_runner
 from support.dp_lockstep import (PROMPTS, add_requests, engine_config, lockstep, rank_spec, release_all,
                                  scheduler_for)
@@ -124,3 +126,29 @@ def test_two_replicas_of_two_tensor_parallel_ranks_give_each_batch_its_single_ra
     for got, want in zip(logs, single_rank):
         check_steps(got, want)
     assert runner.padding_steps >= 4  # replica 0 (ranks 0 and 1) padded while replica 1 decoded on
+
+
+@pytest.mark.parametrize("formats", ["fp8", "fp8+fp4"])
+def test_replicas_on_a_quantized_checkpoint_give_each_batch_its_single_rank_logits(tmp_path, formats):
+    """FP8 experts split over both ranks; FP8 + MXFP4 experts partitioned whole (their 32-wide inputs cannot
+    be split at 2 ranks); ``quant_sim`` off on both sides."""
+    model_dir = make_tiny_checkpoint(tmp_path / formats, fp8=True, fp4_experts=formats == "fp8+fp4")
+    want = []
+    for prompts, decode in zip(PROMPTS, DECODE):
+        config = engine_config(model_dir, ParallelConfig())
+        runner = build_engine(config, keep_logits=True, poison=True, quant_sim=False).runner
+        scheduler = scheduler_for(config)
+        add_requests(scheduler, prompts, decode)
+        want.append(lockstep(lambda batches: [runner.execute(batches[0])], [scheduler])[0])
+    par = ParallelConfig(1, data_parallel_size=2, enable_expert_parallel=formats == "fp8+fp4")
+    spec = dataclasses.replace(rank_spec(model_dir, par), quant_sim=False)
+    runner = start_data_parallel_runner(spec, keep_logits=True, out=io.StringIO())
+    try:
+        schedulers = [scheduler_for(engine_config(model_dir, par)) for _ in range(2)]
+        for s, prompts, decode in zip(schedulers, PROMPTS, DECODE):
+            add_requests(s, prompts, decode)
+        logs = lockstep(runner.execute_all, schedulers)
+    finally:
+        runner.close()
+    for got, w in zip(logs, want):
+        check_steps(got, w)
