@@ -369,14 +369,14 @@ def host_tier_table(reports: list[WorkloadReport], host_gib: float) -> str:
     """Per workload: ``arena`` (device only) against ``arena+host`` (the same arena over the host tier)."""
     lines = [f"## Host tier ({host_gib:g} GiB host, arena default flags): device only vs with the tier",
              "| geometry / workload | hit rate | hit rate +host | host hit tokens | tok/s | tok/s +host | +host / device "
-             "| GiB loaded | GiB stored | copy wait (s) |",
+             "| MiB loaded | MiB stored | copy wait (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for rep in reports:
         dev, host = rep.results[ARENA.name], rep.results[ARENA_HOST.name]
         lines.append(f"| {rep.geometry} / {rep.workload} | {dev.hit_rate:.3f} | {host.hit_rate:.3f} | "
                      f"{getattr(host.counters, 'reused_from_host', 0):,} | {dev.throughput:,.0f} | "
                      f"{host.throughput:,.0f} | {host.throughput / dev.throughput:.3f} | "
-                     f"{host.host_bytes_in / 2**30:.2f} | {host.host_bytes_out / 2**30:.2f} | {host.copy_wait_s:.2f} |")
+                     f"{host.host_bytes_in / 2**20:,.0f} | {host.host_bytes_out / 2**20:,.0f} | {host.copy_wait_s:.2f} |")
     return "\n".join(lines)
 
 
