@@ -70,3 +70,32 @@ def release_all(execute_all, schedulers: list[Scheduler]) -> None:
     batches = [s.schedule() for s in schedulers]
     assert not any(b.seqs for b in batches)
     execute_all(batches)
+
+
+#: Tokens each replica's requests decode: replica 1 runs on after replica 0 is done, so replica 0 pads.
+DECODE = (4, 9)
+
+
+def single_rank_steps(model_dir, decode=DECODE, **build) -> list[list]:
+    """Per replica's :data:`PROMPTS`, the steps one rank runs for them alone (``build``: ``build_engine``
+    options, e.g. ``quant_sim``)."""
+    from atom.engine_builder import build_engine
+
+    logs = []
+    for prompts, tokens in zip(PROMPTS, decode):
+        config = engine_config(model_dir, ParallelConfig())
+        runner = build_engine(config, keep_logits=True, poison=True, **build).runner
+        scheduler = scheduler_for(config)
+        add_requests(scheduler, prompts, tokens)
+        logs.append(lockstep(lambda batches: [runner.execute(batches[0])], [scheduler])[0])
+    return logs
+
+
+def check_steps(got: list, want: list) -> None:
+    """Same requests and positions step by step; every step's logits finite and within 1e-5 relative."""
+    import torch
+
+    assert [s[:2] for s in got] == [s[:2] for s in want]
+    for (*_, g), (*_, w) in zip(got, want):
+        assert not torch.isnan(g).any()
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * float(w.abs().max()))
