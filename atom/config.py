@@ -26,6 +26,7 @@ __all__ = [
     "INDEX_FORMAT_OF",
     "Dsv4KvSpec",
     "CacheConfig",
+    "HOST_KV_WRITE_POLICIES",
     "SchedulerConfig",
     "MAX_SPECULATIVE_TOKENS",
     "ModelConfig",
@@ -265,6 +266,9 @@ class SchedulerConfig:
         require_int("speculative_num_tokens", self.speculative_num_tokens, 0, MAX_SPECULATIVE_TOKENS, note="0 = off")
 
 
+HOST_KV_WRITE_POLICIES = ("back", "through")  # when the host tier copies a block (CacheConfig)
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """How the KV arena is sized and how the prefix cache behaves.
@@ -282,6 +286,9 @@ class CacheConfig:
     ``host_kv_cache_bytes`` (0 = off): the host-memory tier under the arena (``atom/kv/host_pool.py``):
     published blocks the arena evicts are written back there and restored on a later hit
     (``docs/prefix_cache.md``); it holds whole chunks of the arena's geometry, so it needs at least one.
+    ``host_kv_write_policy``: ``back`` (copy a block to the host when the arena evicts it) or ``through``
+    (also copy a block as soon as a prefix hit claims it for the ``host_kv_write_through_hits``-th time, so
+    the blocks reused most are already on the host when the arena evicts them).
     """
 
     kv_cache_bytes: int = 1 << 30
@@ -296,10 +303,16 @@ class CacheConfig:
     kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float | None = None
     host_kv_cache_bytes: int = 0
+    host_kv_write_policy: str = "back"
+    host_kv_write_through_hits: int = 2
 
     def __post_init__(self) -> None:
         require_int("kv_cache_bytes", self.kv_cache_bytes, 1)
         require_int("host_kv_cache_bytes", self.host_kv_cache_bytes, 0, note="0 = no host tier")
+        if self.host_kv_write_policy not in HOST_KV_WRITE_POLICIES:
+            raise ValueError(f"host_kv_write_policy={self.host_kv_write_policy!r}; accepted: "
+                             f"{', '.join(HOST_KV_WRITE_POLICIES)}")
+        require_int("host_kv_write_through_hits", self.host_kv_write_through_hits, 1)
         f = self.gpu_memory_utilization
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0):
             raise ValueError(f"gpu_memory_utilization={f!r} must be a fraction in (0, 1] (or None: size the arena "

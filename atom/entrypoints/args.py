@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 
 from atom import envs
-from atom.config import (DTYPES, EXECUTOR_BACKENDS, KV_CACHE_DTYPES, MAX_SPECULATIVE_TOKENS, QUANT_SIM, CacheConfig,
-                         EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig)
+from atom.config import (DTYPES, EXECUTOR_BACKENDS, HOST_KV_WRITE_POLICIES, KV_CACHE_DTYPES, MAX_SPECULATIVE_TOKENS,
+                         QUANT_SIM, CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig)
 from atom.entrypoints.limits import PROMPT_CHARS_PER_TOKEN, ServerLimits
 from atom.model_engine.dp_engine import check_data_parallel_config
 
@@ -146,6 +146,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host memory (GiB, or a size like 512MiB) for a second KV tier: prefix blocks the "
                              "arena evicts are kept there and restored exactly on a later hit; pinned on a GPU "
                              "(default: 0 = off; see docs/prefix_cache.md)")
+    parser.add_argument("--host-kv-write-policy", choices=HOST_KV_WRITE_POLICIES, default=dc.host_kv_write_policy,
+                        help="when the host tier copies a prefix block: 'back' = when the arena evicts it, "
+                             "'through' = also as soon as a hit claims it for the --host-kv-write-through-hits-th "
+                             "time (default: %(default)s)")
+    parser.add_argument("--host-kv-write-through-hits", type=_int_at_least(1), default=dc.host_kv_write_through_hits,
+                        metavar="N", help="with --host-kv-write-policy through: the hit that copies a block "
+                                          "(default: %(default)s)")
     parser.add_argument("--block-size", type=_nonneg_int, default=dc.block_size,
                         help="tokens per KV block; 0 = the model's own (default: %(default)s)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
@@ -236,7 +243,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                                    enable_prefix_caching=args.enable_prefix_caching,
                                    kv_cache_dtype=args.kv_cache_dtype,
                                    gpu_memory_utilization=args.gpu_memory_utilization,
-                                   host_kv_cache_bytes=args.host_kv_cache_memory),
+                                   host_kv_cache_bytes=args.host_kv_cache_memory,
+                                   host_kv_write_policy=args.host_kv_write_policy,
+                                   host_kv_write_through_hits=args.host_kv_write_through_hits),
         parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size,
                                 data_parallel_size=args.data_parallel_size,
                                 enable_expert_parallel=args.enable_expert_parallel,

@@ -93,6 +93,9 @@ class BlockManager:
         self.slots = StatePages(self.arena, spec.request_state_bytes > 0)
         self.comp.pool.on_evict = self.swa.unpin_node
         self.host = self._host_tier(layout, cache)
+        # write-through: a hit that claims a node's blocks for this many-th time copies them to the host
+        self.write_through_hits = cache.host_kv_write_through_hits \
+            if self.host is not None and cache.host_kv_write_policy == "through" else 0
         self.holdings: dict[int, KvHoldings] = {}
         self.updates: list[TableUpdate] = []
         self.counters = PrefixStats()  # totals over admitted requests (first admission only), for metrics
@@ -277,6 +280,24 @@ class BlockManager:
         if blocks:
             h.tip = chain[blocks - 1]
             self.index.ref(h.tip)
+            if self.write_through_hits:
+                self._write_through(chain, blocks)
+
+    def _write_through(self, chain: list[PrefixNode], blocks: int) -> None:
+        """Count the hit on its nodes; a node reaching ``write_through_hits`` hits gets host copies of
+        its claimed blocks now (store orders; the blocks are fully written and held), so evicting them
+        later writes nothing."""
+        n, host, tail = self.write_through_hits, self.host, max(0, blocks - self.swa.tail_blocks)
+        for j in range(blocks):
+            node = chain[j]
+            node.hits += 1
+            if node.hits < n:
+                continue
+            if self.has_compressed and node.host_comp < 0:
+                host.store(COMPRESS, node, self.comp.pool.pages[node.comp])
+            if j >= tail and node.host_swa < 0:
+                host.store(SWA, node, self.swa.pool.pages[node.swa],
+                           self.swa.next_token[node.swa] if self.swa.mtp_rows else -1)
 
     def _retain_boundaries(self, seq: KvRequest, match: PrefixMatch) -> tuple[int, ...]:
         """The prompt's last block boundary, plus a shared-prefix junction: the boundary up to which

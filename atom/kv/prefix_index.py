@@ -23,7 +23,7 @@ __all__ = ["PrefixNode", "PrefixIndex"]
 class PrefixNode:
     """One block of a published prefix; ``depth`` is its block index in the prompt."""
 
-    __slots__ = ("block_hash", "parent", "key", "refs", "comp", "swa", "host_comp", "host_swa", "depth")
+    __slots__ = ("block_hash", "parent", "key", "refs", "comp", "swa", "host_comp", "host_swa", "hits", "depth")
 
     def __init__(self, block_hash: int, parent: PrefixNode | None, key: bytes, depth: int) -> None:
         self.block_hash, self.parent, self.key, self.depth = block_hash, parent, key, depth
@@ -32,6 +32,7 @@ class PrefixNode:
         self.swa = -1  # the SWA block published here, or -1
         self.host_comp = -1  # the host page holding a copy of the compressed block, or -1
         self.host_swa = -1  # the host page holding a copy of the SWA block, or -1
+        self.hits = 0  # prefix hits that claimed this node's blocks (the host tier's write-through)
 
     def __repr__(self) -> str:
         return (f"PrefixNode({self.block_hash:#x}, depth={self.depth}, refs={self.refs}, comp={self.comp}, "

@@ -27,14 +27,16 @@ PREFIXES = [list(range(100, 180)), list(range(300, 348)), [5] * 40]
 
 
 def host_harness(num_chunks: int, host_chunks: int, *, chunk_pages: int = 1, budget: int = 32, max_seqs: int = 3,
-                 full_retain: bool = False, window: int = 8, overlap: bool = True) -> Harness:
+                 full_retain: bool = False, window: int = 8, overlap: bool = True, policy: str = "back",
+                 through_hits: int = 2) -> Harness:
     """A content-checked harness whose block manager has a host tier of ``host_chunks`` arena chunks."""
     spec = Dsv4KvSpec(**{**TINY, "sliding_window": window})
     limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=MAX_LEN,
                              overlap=overlap)
     layout = KvLayout.for_chunks(spec, num_chunks, limits, CacheConfig(chunk_pages=chunk_pages))
     cache = CacheConfig(chunk_pages=chunk_pages, swa_full_retain=full_retain,
-                        host_kv_cache_bytes=host_chunks * layout.chunk_bytes)
+                        host_kv_cache_bytes=host_chunks * layout.chunk_bytes, host_kv_write_policy=policy,
+                        host_kv_write_through_hits=through_hits)
     sched = Scheduler(limits, BlockManager(layout, cache), eos_token_id=None)
     content = KvContentModel.for_spec(spec, lambda sid: sched.by_id[sid].token_ids)
     return Harness(LLMEngine(sched, ObservedRunner(vocab_size=997, content=content)))
@@ -57,14 +59,15 @@ def truncated_hashes(token_ids, block_size, num_blocks, hashes, keys):
 class HostTrafficMachine(RuleBasedStateMachine):
     @initialize(extra=st.integers(0, 6), host_chunks=st.integers(1, 12), budget=st.sampled_from([7, 16, 40]),
                 window=st.sampled_from([8, 16, 49]), chunk_pages=st.sampled_from([1, 2]), full_retain=st.booleans(),
-                collide=st.booleans())
-    def setup(self, extra, host_chunks, budget, window, chunk_pages, full_retain, collide):
+                collide=st.booleans(), policy=st.sampled_from(["back", "through"]), through_hits=st.integers(1, 3))
+    def setup(self, extra, host_chunks, budget, window, chunk_pages, full_retain, collide, policy, through_hits):
         self._restore_hash = None
         if collide:
             self._restore_hash = sequence_module.chain_hashes
             sequence_module.chain_hashes = truncated_hashes
         self.h = host_harness(min_chunks(window, chunk_pages) + extra, host_chunks, chunk_pages=chunk_pages,
-                              budget=budget, full_retain=full_retain, window=window)
+                              budget=budget, full_retain=full_retain, window=window, policy=policy,
+                              through_hits=through_hits)
         self.live = []
 
     @rule(prefix=st.sampled_from(range(len(PREFIXES))), suffix=st.lists(st.integers(0, 996), max_size=40),
@@ -218,4 +221,21 @@ def test_a_request_preempted_while_its_host_load_is_in_flight_is_restored_again_
     assert hit.stats.reused_from_host == 192 and hit.num_preemptions == 1 and len(loads) >= 1
     assert hit.status is SequenceStatus.FINISHED_LENGTH and older.status is SequenceStatus.FINISHED_LENGTH
     assert hit.output_token_ids == [h.runner.token_for(hit.seq_id, p) for p in range(200, 240)]
+    h.assert_all_memory_returned()
+
+
+def test_write_through_copies_a_block_on_its_nth_hit_so_its_eviction_writes_nothing():
+    h = host_harness(40, 40, policy="through", through_hits=2)
+    run_alone(h, PROMPT, max_tokens=1)
+    run_alone(h, PROMPT, max_tokens=1)  # first hit: nothing copied yet
+    assert h.bm.host.snapshot().host_bytes_out == 0
+    run_alone(h, PROMPT, max_tokens=1)  # second hit: the hit's blocks are copied while still on the device
+    copied = h.bm.host.snapshot().host_bytes_out
+    assert h.bm.host.num_copies(COMPRESS) == 12 and h.bm.host.num_copies(SWA) == 1 and copied > 0
+    assert copied == 12 * h.bm.host.page_bytes[COMPRESS] + h.bm.host.page_bytes[SWA]
+    h.bm.drop_cache()  # the arena evicts everything: each block is written once, the copied ones not again
+    host = h.bm.host
+    assert host.snapshot().host_bytes_out == sum(host.page_bytes[o] * host.num_copies(o) for o in (SWA, COMPRESS))
+    again = run_alone(h, PROMPT, max_tokens=1)
+    assert again.stats.reused == 192 and again.stats.reused_from_host == 192
     h.assert_all_memory_returned()

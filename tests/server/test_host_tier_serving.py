@@ -27,6 +27,12 @@ def test_the_flag_takes_gib_or_a_size_and_refuses_a_negative_amount(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["serve", "--host-kv-cache-memory", "-1"])
     assert exc.value.code == 2 and "--host-kv-cache-memory" in capsys.readouterr().err
+    cache = engine_config_from_args(cli.build_parser().parse_args(
+        ["serve", "--host-kv-write-policy", "through", "--host-kv-write-through-hits", "3"])).cache
+    assert (cache.host_kv_write_policy, cache.host_kv_write_through_hits) == ("through", 3)
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--host-kv-write-policy", "around"])
+    assert "invalid choice: 'around'" in capsys.readouterr().err
 
 
 def start(model_dir) -> RunningServer:
