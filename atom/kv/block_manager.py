@@ -37,6 +37,7 @@ from typing import Iterable, Sequence
 from atom.config import CacheConfig
 from atom.kv.chunk_arena import ArenaEmpty
 from atom.kv.compressed_pool import CompressedPool
+from atom.kv import host_tier
 from atom.kv.host_pool import HostPool
 from atom.kv.kv_block import chain_hashes
 from atom.kv.kv_holdings import KvHoldings
@@ -92,7 +93,7 @@ class BlockManager:
                                      self.has_compressed, mtp_rows)
         self.slots = StatePages(self.arena, spec.request_state_bytes > 0)
         self.comp.pool.on_evict = self.swa.unpin_node
-        self.host = self._host_tier(layout, cache)
+        self.host: HostPool | None = host_tier.attach(self, layout, cache)  # the host tier, or None
         # write-through: a hit that claims a node's blocks for this many-th time copies them to the host
         self.write_through_hits = cache.host_kv_write_through_hits \
             if self.host is not None and cache.host_kv_write_policy == "through" else 0
@@ -102,23 +103,6 @@ class BlockManager:
         self.waits_for_prefix = 0  # steps a waiting request waited for a running request to publish its prefix
         # hash of a running request's next prompt block to publish -> (that request, its block hashes)
         self._frontier: dict[int, tuple[int, list[int]]] = {}
-
-    def _host_tier(self, layout: KvLayout, cache: CacheConfig) -> HostPool | None:
-        """The host tier under the arena (``cache.host_kv_cache_bytes`` > 0 with prefix caching): the
-        pools write published blocks back to it when they evict them."""
-        if not cache.host_kv_cache_bytes or not self.prefix_caching:
-            return None
-        host = HostPool(layout, cache.host_kv_cache_bytes, self.index)
-        comp, swa = self.comp.pool, self.swa.pool
-        comp.write_back = lambda bid, node: host.store(COMPRESS, node, comp.pages[bid])
-        mtp = self.swa.mtp_rows
-
-        def swa_back(bid: int, node: PrefixNode) -> None:
-            if self.has_compressed and node.comp < 0 and node.host_comp < 0:
-                return  # a window whose compressed prefix is gone on both tiers unlocks nothing
-            host.store(SWA, node, swa.pages[bid], self.swa.next_token[bid] if mtp else -1)
-        swa.write_back = swa_back
-        return host
 
     # ---- prefix matching ----------------------------------------------------------------------
     def match_prefix(self, seq: KvRequest) -> PrefixMatch:
@@ -199,7 +183,7 @@ class BlockManager:
             num_new = longest_fitting_chunk(start, num_new, self.block_size,
                                             lambda m: self._admission_fits(blocks, m, within, True, extra)) or num_new
         if restore:
-            self._restore(restore, claimed)
+            host_tier.restore(self, restore, claimed)
         h = self.holdings[seq.seq_id] = KvHoldings(seq.seq_id, self.updates)
         self._claim_hit(h, chain, blocks)
         seq.num_computed_tokens = seq.num_cached_tokens = start
@@ -248,30 +232,6 @@ class BlockManager:
             return self._room_possible(swa, comp, state, {COMPRESS: protected}, keep_pins=True)
         return longest_fitting_chunk(start, num_new, b, fits) or min(num_new, b - start % b)
 
-    def _restore(self, restore: dict[str, list[PrefixNode]], claimed: dict[str, list[int]]) -> None:
-        """Give the hit's host-only blocks device pages again: room is made without touching the hit's
-        device blocks (``claimed``) or the copies about to be read, each block is published back at its
-        node with a load order for its page, and left cached for :meth:`_claim_hit` to claim."""
-        host = self.host
-        for owner, nodes in restore.items():
-            for node in nodes:
-                host.protect(owner, node)
-        self._make_room(len(restore[SWA]), len(restore[COMPRESS]), protect=claimed)
-        for owner, pool in ((COMPRESS, self.comp.pool), (SWA, self.swa.pool)):
-            nodes = restore[owner]
-            if not nodes:
-                continue
-            ids, pages = pool.allocate(len(nodes))
-            for bid, page, node in zip(ids, pages, nodes):
-                if owner == SWA:
-                    pool.captured[bid] = True
-                    if self.swa.mtp_rows:
-                        self.swa.next_token[bid] = host.next_token.get(node.host_swa, -1)
-                host.load(owner, node, page)
-                published = pool.publish(bid, node)
-                assert published, f"{owner}: restored block {bid} could not be published at {node}"
-            pool.release_many(ids, keep=True)
-
     def _claim_hit(self, h: KvHoldings, chain: list[PrefixNode], blocks: int) -> None:
         if self.has_compressed:
             self.comp.claim_hit(h, chain, blocks)
@@ -281,23 +241,7 @@ class BlockManager:
             h.tip = chain[blocks - 1]
             self.index.ref(h.tip)
             if self.write_through_hits:
-                self._write_through(chain, blocks)
-
-    def _write_through(self, chain: list[PrefixNode], blocks: int) -> None:
-        """Count the hit on its nodes; a node reaching ``write_through_hits`` hits gets host copies of
-        its claimed blocks now (store orders; the blocks are fully written and held), so evicting them
-        later writes nothing."""
-        n, host, tail = self.write_through_hits, self.host, max(0, blocks - self.swa.tail_blocks)
-        for j in range(blocks):
-            node = chain[j]
-            node.hits += 1
-            if node.hits < n:
-                continue
-            if self.has_compressed and node.host_comp < 0:
-                host.store(COMPRESS, node, self.comp.pool.pages[node.comp])
-            if j >= tail and node.host_swa < 0:
-                host.store(SWA, node, self.swa.pool.pages[node.swa],
-                           self.swa.next_token[node.swa] if self.swa.mtp_rows else -1)
+                host_tier.write_through(self, chain, blocks)
 
     def _retain_boundaries(self, seq: KvRequest, match: PrefixMatch) -> tuple[int, ...]:
         """The prompt's last block boundary, plus a shared-prefix junction: the boundary up to which

@@ -1,0 +1,83 @@
+"""How the block manager uses its host pool (:mod:`atom.kv.host_pool`): the write-back hooks on its two
+block pools, giving a hit's host-only blocks device pages again, and write-through.
+
+Kept apart from :mod:`atom.kv.block_manager` because these are the only places the host tier touches
+the device pools; the block manager calls them at three points (construction, admission, the claim of
+a hit) and otherwise knows the tier only through the prefix nodes' ``host_comp`` / ``host_swa``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from atom.config import CacheConfig
+from atom.kv.host_pool import HostPool
+from atom.kv.kv_layout import KvLayout
+from atom.kv.page_map import COMPRESS, SWA
+from atom.kv.prefix_index import PrefixNode
+
+if TYPE_CHECKING:
+    from atom.kv.block_manager import BlockManager
+
+__all__ = ["attach", "restore", "write_through"]
+
+
+def attach(bm: BlockManager, layout: KvLayout, cache: CacheConfig) -> HostPool | None:
+    """The host tier under ``bm``'s arena (``cache.host_kv_cache_bytes`` > 0 with prefix caching), its
+    pools set to write published blocks back to it when they evict them; None when off. An SWA block
+    whose compressed block is gone from both tiers is not written back: it unlocks nothing."""
+    if not cache.host_kv_cache_bytes or not bm.prefix_caching:
+        return None
+    host = HostPool(layout, cache.host_kv_cache_bytes, bm.index)
+    comp, swa, window = bm.comp.pool, bm.swa.pool, bm.swa
+    comp.write_back = lambda bid, node: host.store(COMPRESS, node, comp.pages[bid])
+    needs_comp = bm.has_compressed
+
+    def swa_back(bid: int, node: PrefixNode) -> None:
+        if needs_comp and node.comp < 0 and node.host_comp < 0:
+            return
+        host.store(SWA, node, swa.pages[bid], window.next_token[bid] if window.mtp_rows else -1)
+    swa.write_back = swa_back
+    return host
+
+
+def restore(bm: BlockManager, nodes: dict[str, list[PrefixNode]], claimed: dict[str, list[int]]) -> None:
+    """Give a hit's host-only blocks (``nodes`` per owner) device pages again: room is made without
+    evicting the hit's device blocks (``claimed``) or the copies about to be read; each block is
+    published back at its node with a load order for its page and left cached, for the hit's claim.
+    The caller checked the room can be made (admission is all or nothing)."""
+    host = bm.host
+    for owner, owner_nodes in nodes.items():
+        for node in owner_nodes:
+            host.protect(owner, node)
+    bm._make_room(len(nodes[SWA]), len(nodes[COMPRESS]), protect=claimed)
+    for owner, pool in ((COMPRESS, bm.comp.pool), (SWA, bm.swa.pool)):
+        owner_nodes = nodes[owner]
+        if not owner_nodes:
+            continue
+        ids, pages = pool.allocate(len(owner_nodes))
+        for bid, page, node in zip(ids, pages, owner_nodes):
+            if owner == SWA:
+                pool.captured[bid] = True  # a published SWA block's boundary state was captured
+                if bm.swa.mtp_rows:
+                    bm.swa.next_token[bid] = host.next_token.get(node.host_swa, -1)
+            host.load(owner, node, page)
+            published = pool.publish(bid, node)
+            assert published, f"{owner}: restored block {bid} could not be published at {node}"
+        pool.release_many(ids, keep=True)
+
+
+def write_through(bm: BlockManager, chain: list[PrefixNode], blocks: int) -> None:
+    """Count a hit of ``blocks`` blocks on its nodes; a node reaching ``bm.write_through_hits`` hits gets
+    host copies of its claimed blocks now (store orders; the blocks are fully written and held), so
+    evicting them later writes nothing."""
+    n, host, tail = bm.write_through_hits, bm.host, max(0, blocks - bm.swa.tail_blocks)
+    for j in range(blocks):
+        node = chain[j]
+        node.hits += 1
+        if node.hits < n:
+            continue
+        if bm.has_compressed and node.host_comp < 0:
+            host.store(COMPRESS, node, bm.comp.pool.pages[node.comp])
+        if j >= tail and node.host_swa < 0:
+            host.store(SWA, node, bm.swa.pool.pages[node.swa], bm.swa.next_token[node.swa] if bm.swa.mtp_rows else -1)
