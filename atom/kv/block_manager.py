@@ -183,7 +183,7 @@ class BlockManager:
             num_new = longest_fitting_chunk(start, num_new, self.block_size,
                                             lambda m: self._admission_fits(blocks, m, within, True, extra)) or num_new
         if restore:
-            host_tier.restore(self, restore, claimed)
+            host_tier.restore(self, restore, claimed, self._first_pages(blocks, num_new, extra))
         h = self.holdings[seq.seq_id] = KvHoldings(seq.seq_id, self.updates)
         self._claim_hit(h, chain, blocks)
         seq.num_computed_tokens = seq.num_cached_tokens = start
@@ -203,12 +203,16 @@ class BlockManager:
         claiming anything: the claimed blocks leave the cache, and a pin they carry is no longer
         releasable (:meth:`_room_possible`). ``extra``: (SWA, compressed) pages of hit blocks restored
         from the host tier, backed together with the first chunk (all or nothing)."""
+        swa, comp, state = self._first_pages(blocks, num_new, extra)
+        return self.arena.can_alloc(swa, comp, state) or self._room_possible(swa, comp, state, claimed, keep_pins)
+
+    def _first_pages(self, blocks: int, num_new: int, extra: tuple[int, int] = (0, 0)) -> tuple[int, int, int]:
+        """(SWA, compressed, state) pages an admission with a hit of ``blocks`` blocks, ``extra`` restored
+        pages and a first chunk of ``num_new`` tokens takes."""
         b = self.block_size
         end = blocks * b + num_new
         comp = max(0, -(-end // b) - blocks) + extra[1] if self.has_compressed else 0
-        swa = (end - 1) // b - blocks + 1 + extra[0]
-        state = int(self.slots.has_state)
-        return self.arena.can_alloc(swa, comp, state) or self._room_possible(swa, comp, state, claimed, keep_pins)
+        return (end - 1) // b - blocks + 1 + extra[0], comp, int(self.slots.has_state)
 
     def chunk_within_pins(self, seq: KvRequest, num_new: int) -> int:
         """The prefill chunk of running ``seq`` to run instead of ``num_new`` tokens so that backing it

@@ -41,16 +41,19 @@ def attach(bm: BlockManager, layout: KvLayout, cache: CacheConfig) -> HostPool |
     return host
 
 
-def restore(bm: BlockManager, nodes: dict[str, list[PrefixNode]], claimed: dict[str, list[int]]) -> None:
+def restore(bm: BlockManager, nodes: dict[str, list[PrefixNode]], claimed: dict[str, list[int]],
+            room: tuple[int, int, int]) -> None:
     """Give a hit's host-only blocks (``nodes`` per owner) device pages again: room is made without
     evicting the hit's device blocks (``claimed``) or the copies about to be read; each block is
     published back at its node with a load order for its page and left cached, for the hit's claim.
-    The caller checked the room can be made (admission is all or nothing)."""
+    ``room``: the (SWA, compressed, state) pages of the restored blocks and the first chunk, made at
+    once (room made for the restored pages alone could fragment chunks so that the first chunk no
+    longer fits); the caller checked it can be made (admission is all or nothing)."""
     host = bm.host
     for owner, owner_nodes in nodes.items():
         for node in owner_nodes:
             host.protect(owner, node)
-    bm._make_room(len(nodes[SWA]), len(nodes[COMPRESS]), protect=claimed)
+    bm._make_room(*room, within_pins=True, protect=claimed)
     for owner, pool in ((COMPRESS, bm.comp.pool), (SWA, bm.swa.pool)):
         owner_nodes = nodes[owner]
         if not owner_nodes:

@@ -3,6 +3,7 @@ tiers, a host pool that fills, and injected hash collisions, with every row a st
 included) checked against what a cold run wrote (:class:`KvContentModel` follows the copy orders) and
 ``check_integrity`` (both tiers) after every step."""
 
+import random
 from array import array
 
 import pytest
@@ -238,4 +239,21 @@ def test_write_through_copies_a_block_on_its_nth_hit_so_its_eviction_writes_noth
     assert host.snapshot().host_bytes_out == sum(host.page_bytes[o] * host.num_copies(o) for o in (SWA, COMPRESS))
     again = run_alone(h, PROMPT, max_tokens=1)
     assert again.stats.reused == 192 and again.stats.reused_from_host == 192
+    h.assert_all_memory_returned()
+
+
+@pytest.mark.parametrize("policy", ["back", "through"])
+def test_host_hits_into_a_crowded_arena_back_their_first_chunk_with_the_restored_pages(policy):
+    """Skewed reuse of 8 documents through an arena 4 chunks over the minimum: restoring a hit's pages,
+    then backing its first chunk, once fragmented chunks so that the first chunk no longer fitted."""
+    rnd = random.Random(1)
+    h = host_harness(min_chunks(8, 1) + 4, 40, policy=policy, max_seqs=3)
+    docs = [[(97 * d + 13 * i) % 997 for i in range(160)] for d in range(8)]
+    for r in range(120):
+        doc = docs[min(int(rnd.paretovariate(1.2)) - 1, 7)]
+        h.add(doc + [rnd.randrange(997) for _ in range(rnd.randrange(1, 30))], max_tokens=4)
+        if r % 3 == 2:
+            h.run()
+    h.run()
+    assert h.bm.counters.reused_from_host > 0
     h.assert_all_memory_returned()
