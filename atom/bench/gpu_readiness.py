@@ -21,7 +21,8 @@ logit_bias, logprobs). ``--stacks N`` prints the N most frequent code sites of e
 
 The last line is ``h2d=<int> syncs=<int> data_dependent=<int> graph_equal=<0|1>
 width_follows_context=<0|1>``: the first three summed over the cases; the last two are the results of the
-CUDA-graph capture emulation and of the index-width check (:func:`graph_checks`, run on the CPU).
+CUDA-graph capture emulation (replay bit-equal to eager on the same padded shapes, the unpadded eager
+run's tokens) and of the index-width check (:func:`graph_checks`, run on the CPU).
 """
 
 from __future__ import annotations
@@ -139,14 +140,20 @@ def run_case(case: Case, model: DeepseekV4ForServing) -> DeviceAccessCounter:
 
 
 def graph_checks() -> tuple[int, int]:
-    """(graph_equal, width_follows_context): :func:`atom.testing.graph_checks.graph_replay_equals_eager`
-    (decode steps replayed from emulated CUDA graphs sample the eager tokens, logits within 1e-6) and
-    :func:`~atom.testing.graph_checks.index_widths_follow_context` (a 2K-context decode step has the same
-    index widths and op shapes at max_model_len 4,096 and 1,048,576), both run on the CPU."""
-    from atom.testing.graph_checks import graph_replay_equals_eager, index_widths_follow_context
+    """(graph_equal, width_follows_context), both run on the CPU, with the replay's figures printed:
+    :func:`atom.testing.graph_checks.compare_replay` (decode steps replayed from emulated CUDA graphs equal
+    eager decode on the same padded shapes bit for bit, and sample the unpadded eager run's tokens with
+    logits within ``UNPADDED_BOUND``) and :func:`~atom.testing.graph_checks.index_widths_follow_context`
+    (a 2K-context decode step has the same index widths and op shapes at max_model_len 4,096 and
+    1,048,576)."""
+    from atom.testing.graph_checks import UNPADDED_BOUND, compare_replay, index_widths_follow_context
 
     with torch.no_grad():
-        return int(graph_replay_equals_eager()), int(index_widths_follow_context())
+        replay = compare_replay()
+        print(f"graph replay: bit-equal to eager on its shapes {int(replay.same_shapes)}, unpadded eager's tokens "
+              f"{int(replay.tokens_equal)}, logits {replay.unpadded:.3g} of the step's largest from unpadded eager "
+              f"(bound {UNPADDED_BOUND:g})", flush=True)
+        return int(replay.equal), int(index_widths_follow_context())
 
 
 def main(argv: list[str] | None = None) -> int:
