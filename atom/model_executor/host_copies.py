@@ -16,9 +16,10 @@ buffers, and a copy order (:class:`~atom.step_contract.HostCopy`) moves each pag
 On the CPU that is a plain copy. On a GPU the copies run on a copy stream of their own, which first
 waits for the work already queued (the previous step wrote the pages a store reads) and whose event
 the compute stream waits on before the step's forward; a load is a host gather into pinned staging,
-one asynchronous host-to-device copy and a scatter into the arena pages, a store the mirror image
-(it waits for its device-to-host copy before the host scatter). ``wait_seconds`` adds up the host
-time spent issuing and waiting for copies.
+one asynchronous host-to-device copy and a scatter into the arena pages (the host returns once they
+are queued; their pinned staging is kept until the next run has waited for the event), a store the
+mirror image (it waits for its device-to-host copy before the host scatter). ``wait_seconds`` adds
+up the host time spent issuing and waiting for copies.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from atom.kernels.backend import value_checks_off
 from atom.kv.kv_layout import KvLayout
 from atom.kv.page_map import COMPRESS, SWA
 from atom.step_contract import HostCopy
@@ -87,22 +89,28 @@ class HostCopies:
                          "arena": arena[:layout.arena_bytes].view(-1, spb)[:layout.max_swa_pages]}
         self.stream = torch.cuda.Stream(self.device) if self.on_gpu else None
         self.event = torch.cuda.Event() if self.on_gpu else None
+        self._staging: list[torch.Tensor] = []  # pinned buffers of loads that may still be in flight
         self.wait_seconds = 0.0
         self.pages_moved = 0
 
     def run(self, stores: tuple[HostCopy, ...], loads: tuple[HostCopy, ...]) -> None:
-        """Execute every store, then every load; on a GPU the compute stream then waits for them."""
+        """Execute every store, then every load; on a GPU the compute stream then waits for them (the
+        host returns once the loads are queued; a store waits for its device-to-host copy)."""
         if not stores and not loads:
             return
         t0 = time.perf_counter()
-        if self.on_gpu:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.stream):
+        with value_checks_off():  # the control plane validated the orders: no index read-back per copy
+            if self.on_gpu:
+                if self._staging:  # the previous loads' pinned staging is reusable once they ran
+                    self.event.synchronize()
+                    self._staging.clear()
+                self.stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(self.stream):
+                    self._run_all(stores, loads)
+                    self.event.record(self.stream)
+                torch.cuda.current_stream(self.device).wait_event(self.event)
+            else:
                 self._run_all(stores, loads)
-                self.event.record(self.stream)
-            torch.cuda.current_stream(self.device).wait_event(self.event)
-        else:
-            self._run_all(stores, loads)
         self.wait_seconds += time.perf_counter() - t0
 
     def _run_all(self, stores: tuple[HostCopy, ...], loads: tuple[HostCopy, ...]) -> None:
@@ -128,26 +136,24 @@ class HostCopies:
 
     def _copy_rows(self, src: torch.Tensor, src_pages: torch.Tensor, dst: torch.Tensor, dst_pages: torch.Tensor,
                    to_host: bool) -> None:
-        """Whole SWA pages (2-D page tables) with ``copy_pages``, through pinned staging on a GPU."""
+        """Whole SWA pages (2-D page tables): ``copy_pages`` on the arena's device, torch row indexing
+        on the host side; through pinned staging on a GPU."""
         if not self.on_gpu:
             self.copy_pages(src, src_pages, dst, dst_pages)
             return
-        n = len(src_pages)
-        rows = torch.arange(n, dtype=torch.int64)
+        n, dev = len(src_pages), self.device
+        rows = torch.arange(n, dtype=torch.int64, device=dev)
+        pinned = torch.empty((n, src.shape[1]), dtype=torch.uint8, pin_memory=True)
         if to_host:  # gather on the device, one D2H copy, host scatter
-            staged = torch.empty((n, src.shape[1]), dtype=torch.uint8, device=self.device)
-            self.copy_pages(src, src_pages.to(self.device, non_blocking=True), staged, rows.to(self.device))
-            pinned = torch.empty(staged.shape, dtype=torch.uint8, pin_memory=True)
+            staged = torch.empty((n, src.shape[1]), dtype=torch.uint8, device=dev)
+            self.copy_pages(src, src_pages.to(dev), staged, rows)
             pinned.copy_(staged, non_blocking=True)
             self.stream.synchronize()
-            self.copy_pages(pinned, rows, dst, dst_pages)
+            dst.index_copy_(0, dst_pages, pinned)
         else:  # host gather into pinned staging, one H2D copy, device scatter
-            pinned = torch.empty((n, src.shape[1]), dtype=torch.uint8, pin_memory=True)
-            self.copy_pages(src, src_pages, pinned, rows)
-            staged = pinned.to(self.device, non_blocking=True)
-            self.copy_pages(staged, rows.to(self.device), dst, dst_pages.to(self.device, non_blocking=True))
-            staged.record_stream(self.stream)
-            self.stream.synchronize()  # the pinned staging may be freed once the H2D copy ran
+            torch.index_select(src, 0, src_pages, out=pinned)
+            self.copy_pages(pinned.to(dev, non_blocking=True), rows, dst, dst_pages.to(dev))
+            self._staging.append(pinned)  # kept until the copy ran (the next run waits for the event)
 
     def _copy_spans(self, src: torch.Tensor, sc: torch.Tensor, sl: torch.Tensor, dst: torch.Tensor,
                     dc: torch.Tensor, dl: torch.Tensor, to_host: bool) -> None:
@@ -155,13 +161,13 @@ class HostCopies:
         if not self.on_gpu:
             dst[dc, dl] = src[sc, sl]
             return
+        dev = self.device
         if to_host:
-            dev = self.device
             pinned = torch.empty((len(sc), src.shape[2]), dtype=torch.uint8, pin_memory=True)
             pinned.copy_(src[sc.to(dev), sl.to(dev)], non_blocking=True)
             self.stream.synchronize()
             dst[dc, dl] = pinned
         else:
-            staged = src[sc, sl].pin_memory().to(self.device, non_blocking=True)
-            dst[dc.to(self.device), dl.to(self.device)] = staged
-            self.stream.synchronize()
+            pinned = src[sc, sl].pin_memory()
+            dst[dc.to(dev), dl.to(dev)] = pinned.to(dev, non_blocking=True)
+            self._staging.append(pinned)
