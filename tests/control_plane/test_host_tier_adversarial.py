@@ -4,6 +4,7 @@ included) checked against what a cold run wrote (:class:`KvContentModel` follows
 ``check_integrity`` (both tiers) after every step."""
 
 import random
+import zlib
 from array import array
 
 import pytest
@@ -53,7 +54,7 @@ def truncated_hashes(token_ids, block_size, num_blocks, hashes, keys):
     """A 3-bit hash that also forgets the prefix: blocks collide under any prefix and with each other."""
     for j in range(len(hashes), num_blocks):
         key = array("q", token_ids[j * block_size:(j + 1) * block_size]).tobytes()
-        hashes.append(hash(key) & 7)
+        hashes.append(zlib.crc32(key) & 7)  # (crc32: the same in every process, unlike hash())
         keys.append(key)
 
 
@@ -185,12 +186,16 @@ def test_a_host_copy_under_another_prefix_is_never_served(monkeypatch):
     monkeypatch.setattr(sequence_module, "chain_hashes", truncated_hashes)
     h = host_harness(12, 40)
     x_other, x, rest = [7] * 16, [8] * 16, [(3 * i) % 997 for i in range(64)]
-    run_alone(h, x_other + rest + [1], max_tokens=1)
-    flood(h, 6)  # X', Y, Z ... go to the host tier
+    run_alone(h, x_other + rest + [1], max_tokens=1)  # publishes X', Y, Z, ...
+    h.bm.drop_cache()  # ... which the arena evicts to the host tier
+    run_alone(h, x + rest + [2], max_tokens=1)  # publishes X; Y, Z stay private (their hashes are taken)
+    h.bm.drop_cache()
     d = h.add(x + rest + [3], max_tokens=1)
-    assert h.bm.match_prefix(d).compressed == 0  # block Y's copy hangs under X', not X
+    match = h.bm.match_prefix(d)
+    assert h.bm.index.chain(d.hashes_upto(5), d.block_keys, 5)[0].host_comp >= 0  # X is on the host
+    assert match.compressed == 1  # block Y's hash and key match, but its copy hangs under X', not X
     h.run()  # the content model fails any read of a row computed under X'
-    assert d.stats.reused == 0 and d.status is SequenceStatus.FINISHED_LENGTH
+    assert d.stats.reused == 0 and d.status is SequenceStatus.FINISHED_LENGTH  # (X alone has no window)
     h.assert_all_memory_returned()
 
 
