@@ -276,3 +276,28 @@ def test_write_through_serves_and_moves_what_write_back_does_while_the_host_pool
     stats = [(h.bm.counters.reused, h.bm.counters.reused_from_host, h.bm.host.stats.host_bytes_out,
               h.bm.host.stats.host_bytes_in) for h in (back, through)]
     assert stats[0] == stats[1] == (16784, 9744, 2353664, 2158592)
+
+
+SHARED = [(53 * i + 7) % 500 + 1 for i in range(48)]  # three blocks of 16
+
+
+def hit_from_host(first: list[int], second: list[int], mtp_rows: bool) -> tuple[int, int]:
+    """(tokens, from the host) the second prompt reuses after the first ran and the arena evicted it all."""
+    spec = Dsv4KvSpec(**TINY)
+    limits = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256)
+    layout = KvLayout.for_chunks(spec, 40, limits, CacheConfig(chunk_pages=1))
+    cache = CacheConfig(chunk_pages=1, swa_full_retain=True, host_kv_cache_bytes=40 * layout.chunk_bytes)
+    sched = Scheduler(limits, BlockManager(layout, cache, mtp_rows=mtp_rows), None)
+    h = Harness(LLMEngine(sched, ObservedRunner(vocab_size=997, content=KvContentModel.for_spec(
+        spec, lambda sid: sched.by_id[sid].token_ids))))
+    run_alone(h, first)
+    h.bm.drop_cache()
+    seq = run_alone(h, second)
+    return seq.num_cached_tokens, seq.stats.reused_from_host
+
+
+def test_the_mtp_row_rule_holds_for_blocks_restored_from_the_host():
+    first = SHARED + [1, 2, 3]
+    assert hit_from_host(first, SHARED + [4, 5, 6], mtp_rows=False) == (48, 48)
+    assert hit_from_host(first, SHARED + [4, 5, 6], mtp_rows=True) == (32, 32)  # block 2's MTP row saw token 1
+    assert hit_from_host(first, SHARED + [1, 2, 9], mtp_rows=True) == (48, 48)
