@@ -313,6 +313,9 @@ class CacheConfig:
             raise ValueError(f"host_kv_write_policy={self.host_kv_write_policy!r}; accepted: "
                              f"{', '.join(HOST_KV_WRITE_POLICIES)}")
         require_int("host_kv_write_through_hits", self.host_kv_write_through_hits, 1)
+        if self.host_kv_cache_bytes and not self.enable_prefix_caching:
+            raise ValueError(f"host_kv_cache_bytes={self.host_kv_cache_bytes} keeps evicted prefix blocks, which "
+                             "needs prefix caching; turn it on, or give 0 host bytes")
         f = self.gpu_memory_utilization
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0):
             raise ValueError(f"gpu_memory_utilization={f!r} must be a fraction in (0, 1] (or None: size the arena "

@@ -81,3 +81,10 @@ def test_a_copy_alone_keeps_its_node_and_dropping_it_removes_the_node():
     pool.clear()
     assert len(index) == 0
     pool.check_integrity()
+
+
+def test_a_host_tier_without_prefix_caching_is_refused():
+    with pytest.raises(ValueError, match="needs prefix caching"):
+        CacheConfig(host_kv_cache_bytes=1 << 20, enable_prefix_caching=False)
+    with pytest.raises(ValueError, match="host_kv_write_policy='around'; accepted: back, through"):
+        CacheConfig(host_kv_write_policy="around")
