@@ -25,15 +25,12 @@ rows it receives (:meth:`ServingMoE.held_routed`), and the shared expert runs on
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
 from atom.models.deepseek_v4.layers import Linear
 from atom.models.deepseek_v4.moe import Expert, MoEWeights
-
-if TYPE_CHECKING:
-    from atom.parallel.expert_exchange import ExpertExchange
 
 __all__ = ["ServingMoE"]
 
@@ -45,8 +42,10 @@ class ServingMoE(MoEWeights):
 
     _fused: Callable[..., torch.Tensor] | None = None
     _fused_source = "torch"
-    #: set by ``shard_model`` under data-parallel attention: the dispatch/combine of the routed rows
-    exchange: "ExpertExchange | None" = None
+    #: set by ``shard_model`` under data-parallel attention: the dispatch/combine of the routed rows (an
+    #: ``atom.parallel.expert_exchange.ExpertExchange``; not imported here: the model does not depend on the
+    #: package that shards it)
+    exchange: Any = None
 
     def bind_kernels(self, kernels: Any) -> None:
         """Run the routed experts with ``kernels``' ``fused_moe`` (a ``KernelSet``; None: the torch reference)."""
