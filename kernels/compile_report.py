@@ -28,9 +28,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from atom.config import load_hf_config, preset_path
+from atom.config import Dsv4KvSpec, load_hf_config, preset_path
 from atom.kv_group import CSA_OVERLAP_ROWS, CSA_RATIO, CSA_STATE_RING
-from atom.models.deepseek_v4.config import DeepseekV4Config
 
 from ._common import HAS_TRITON, value_checks_off
 from .compile_stats import HW_TARGETS, HwTarget, KernelStats, kernel_stats
@@ -221,11 +220,21 @@ def variants(g: Geometry) -> list[Variant]:
     add("codec", "fp8_index_key_quantize", lambda: fp8_index_key.fp8_index_key_quantize(
         _bf16(t, g.index_dim), _u8(t, kc.row_bytes), layout=kc))
     add("codec", "fp8_index_key_dequantize", lambda: fp8_index_key.fp8_index_key_dequantize(key_rows, layout=kc))
-    spec = DeepseekV4Config.from_preset(MODELS[g.model]).kv_spec()
+    spec = kv_spec_of(g.model)
     for label, nbytes in (("swa", spec.swa_block_bytes), ("compressed", spec.compressed_block_bytes)):
         add("kv copy", f"copy_pages {label} page {nbytes} B", lambda nbytes=nbytes: page_copy.copy_pages(
             _u8(2, nbytes), _i64(t), _u8(2, nbytes), _i64(t)))
     return out
+
+
+def kv_spec_of(model: str) -> Dsv4KvSpec:
+    """The served KV spec of a preset (main layers and MTP, fp8 rows): the page sizes the copy kernel moves.
+    Built from the published ``config.json`` here because the kernels do not import the model package; a
+    test checks it equals ``DeepseekV4Config.kv_spec()``."""
+    d = load_hf_config(preset_path(MODELS[model]))
+    return Dsv4KvSpec(compress_ratios=tuple(d["compress_ratios"]), sliding_window=d["sliding_window"],
+                      head_dim=d["head_dim"], rope_head_dim=d["qk_rope_head_dim"], index_head_dim=d["index_head_dim"],
+                      num_mtp_layers=d.get("num_nextn_predict_layers", 0))
 
 
 @contextlib.contextmanager

@@ -72,3 +72,11 @@ def test_the_geometry_is_read_from_the_published_configs():
     assert (flash.heads, flash.head_dim, flash.rope_dim, flash.index_heads, flash.index_topk) == (64, 512, 64, 64, 512)
     assert (pro.heads, pro.index_topk, pro.hidden, pro.moe_inter) == (128, 1024, 7168, 3072)
     assert flash.row_codec.row_bytes == 584 and flash.key_codec.row_bytes == 132
+
+
+@pytest.mark.parametrize("model,preset", [("flash", "deepseek_v4_flash"), ("pro", "deepseek_v4_pro")])
+def test_the_report_sizes_copied_pages_with_the_model_configs_kv_spec(model, preset):
+    from atom.kernels.compile_report import kv_spec_of
+    from atom.models.deepseek_v4.config import DeepseekV4Config
+
+    assert kv_spec_of(model) == DeepseekV4Config.from_preset(preset).kv_spec()
