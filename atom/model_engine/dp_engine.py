@@ -11,9 +11,9 @@ same request side (:class:`~atom.model_engine.engine_requests.EngineRequests`: t
 aborts and final outputs work the same whichever replica holds a request).
 
 Placement. A new request goes where the :class:`~atom.model_engine.router.ReplicaRouter` sends it
-(default policy ``prefix``: the replica whose prefix cache holds the longest prefix of the prompt,
-then the most free arena, the fewest waiting tokens; sticky per ``session``, the OpenAI ``user``
-field). ``place_with`` puts a request on the replica of an earlier one: the ``n`` choices of one HTTP
+(default policy ``prefix``: the most cached prefix tokens of the prompt less the replica's running
+and queued tokens, ties to the most free arena, then the fewest waiting tokens; sticky per
+``session``, the OpenAI ``user`` field; the rule and its reasons are in :mod:`atom.model_engine.router`). ``place_with`` puts a request on the replica of an earlier one: the ``n`` choices of one HTTP
 request share their prompt, so they go to one replica and share its prefix cache.
 
 Each step:
