@@ -59,6 +59,10 @@ OPS: dict[str, tuple[str, str, str]] = {
     "entry_pool": ("entry_pool", "entry_pool", "entry_pool_ref"),
     "fused_moe": ("fused_moe", "fused_moe", "fused_moe_ref"),
     "copy_pages": ("page_copy", "copy_pages", "copy_pages_reference"),
+    "rms_norm": ("rms_norm", "rms_norm", "rms_norm_ref"),
+    "swiglu": ("swiglu", "swiglu", "swiglu_ref"),
+    "rope": ("rope", "rope", "rope_ref"),
+    "hc_post": ("hc_post", "hc_post", "hc_post_ref"),
 }
 
 _AITER: dict[str, Callable] = {}
