@@ -276,6 +276,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "printed are medians over them (default: %(default)s)")
     parser.add_argument("--stall-scale", type=float, default=1.0,
                         help="stall scenario: payload sizes times this, in (0, 1] (default: %(default)s)")
+    parser.add_argument("--stall-attacks", default=None, metavar="NAME,NAME",
+                        help="stall scenario: run only these attacks, comma-separated (default: all)")
 
 
 def bench_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -317,7 +319,8 @@ def _stall_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             model = cfg.model or await _first_model(client, cfg.base_url.rstrip("/"), headers)
         return await run_stall_bench(cfg.base_url.rstrip("/"), model, scale=args.stall_scale,
                                      output_len=cfg.output_len, api_key=cfg.api_key, timeout=cfg.timeout_s,
-                                     repeats=args.stall_repeats)
+                                     repeats=args.stall_repeats,
+                                     attacks=args.stall_attacks.split(",") if args.stall_attacks else None)
 
     try:
         idle, results = asyncio.run(run())

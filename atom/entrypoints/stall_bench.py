@@ -152,17 +152,15 @@ def _gaps(stamps: list[float], lo: float = -1.0, hi: float = float("inf")) -> li
     return [b - a for a, b in zip(stamps, stamps[1:]) if b >= lo and a <= hi]
 
 
-def _send_attack(base: str, path: str, payload: bytes, headers: dict, timeout: float) -> int:
-    """The attack goes out from its own thread and connection, so building and sending a 4 MB body
-    never delays the victim's reader (which runs on this process's event loop)."""
-    import httpx
-
-    with httpx.Client(timeout=timeout, trust_env=False) as client:
-        return client.post(f"{base}{path}", content=payload,
-                           headers={**headers, "content-type": "application/json"}).status_code
+def _send_attack(sender: Any, url: str, payload: bytes, headers: dict) -> int:
+    """The attack goes out from its own thread and connection, so sending a 4 MB body never delays the
+    victim's reader (which runs on this process's event loop). ``sender`` is an ``httpx.Client`` made
+    before the victim starts: making one loads the CA bundle, tens of ms that hold this process's
+    interpreter lock and would show up as a gap in the victim's stream that the server did not cause."""
+    return sender.post(url, content=payload, headers={**headers, "content-type": "application/json"}).status_code
 
 
-async def _round(client: Any, base: str, model: str, output_len: int, headers: dict,
+async def _round(client: Any, sender: Any, base: str, model: str, output_len: int, headers: dict,
                  attack: dict[str, Any] | None) -> tuple[list[float], list[float], int, float, float]:
     payload = b"" if attack is None else json.dumps(attack).encode()
     path = "/v1/chat/completions" if attack is not None and "messages" in attack else "/v1/completions"
@@ -172,7 +170,7 @@ async def _round(client: Any, base: str, model: str, output_len: int, headers: d
     await first.wait()
     status, start = 0, time.perf_counter()
     if attack is not None:
-        status = await asyncio.to_thread(_send_attack, base, path, payload, headers, client.timeout.read or 300.0)
+        status = await asyncio.to_thread(_send_attack, sender, f"{base}{path}", payload, headers)
     end = time.perf_counter()
     await victim
     stop.set()
@@ -188,8 +186,9 @@ async def _max_model_len(client: Any, base: str, headers: dict) -> int:
 
 async def run_stall_bench(base: str, model: str, *, scale: float = 1.0, output_len: int = 64,
                           api_key: str | None = None, timeout: float = 300.0,
-                          repeats: int = 1) -> tuple[float, list[StallResult]]:
-    """``(idle median inter-token gap in s, one result per attack)``. With ``repeats`` > 1 the idle
+                          repeats: int = 1, attacks: list[str] | None = None) -> tuple[float, list[StallResult]]:
+    """``(idle median inter-token gap in s, one result per attack)``; ``attacks`` picks some of
+    :data:`ATTACKS` by name (default: all, in the table's order). With ``repeats`` > 1 the idle
     round and each attack run that many times: the idle median pools every idle gap, an attack's
     ratios are the medians over its runs and its ``/health`` figure the worst of them (on a shared
     machine one run's worst gap is mostly other processes' noise; the control row shows its size)."""
@@ -197,26 +196,32 @@ async def run_stall_bench(base: str, model: str, *, scale: float = 1.0, output_l
 
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be >= 1")
+    unknown = sorted(set(attacks or ()) - set(ATTACKS))
+    if unknown:
+        raise ValueError(f"unknown attack(s) {', '.join(unknown)}; known: {', '.join(ATTACKS)}")
+    chosen = [name for name in ATTACKS if attacks is None or name in attacks]
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=16), trust_env=False) as client:
-        limit = PROMPT_CHARS_PER_TOKEN * await _max_model_len(client, base, headers)
-        idle_gaps: list[float] = []
-        for _ in range(repeats):
-            stamps, _, _, _, _ = await _round(client, base, model, output_len, headers, None)
-            idle_gaps += _gaps(stamps)
-        idle = statistics.median(idle_gaps)
-        results = []
-        for name, make in ATTACKS.items():
-            attack = make(scale, model, limit)
-            runs = []
+    with httpx.Client(timeout=timeout, trust_env=False) as sender:
+        async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=16),
+                                     trust_env=False) as client:
+            limit = PROMPT_CHARS_PER_TOKEN * await _max_model_len(client, base, headers)
+            idle_gaps: list[float] = []
             for _ in range(repeats):
-                stamps, latencies, status, start, end = await _round(client, base, model, output_len, headers,
-                                                                     attack)
-                during = _gaps(stamps, start, max(end, start + 4 * idle)) or _gaps(stamps)
-                runs.append((status, statistics.median(during) / idle, max(during) / idle, 1000 * max(latencies)))
-            results.append(StallResult(name, runs[-1][0], len(json.dumps(attack)),
-                                       statistics.median(r[1] for r in runs), statistics.median(r[2] for r in runs),
-                                       max(r[3] for r in runs)))
+                stamps, _, _, _, _ = await _round(client, sender, base, model, output_len, headers, None)
+                idle_gaps += _gaps(stamps)
+            idle = statistics.median(idle_gaps)
+            results = []
+            for name in chosen:
+                attack = ATTACKS[name](scale, model, limit)
+                runs = []
+                for _ in range(repeats):
+                    stamps, latencies, status, start, end = await _round(client, sender, base, model, output_len,
+                                                                         headers, attack)
+                    during = _gaps(stamps, start, max(end, start + 4 * idle)) or _gaps(stamps)
+                    runs.append((status, statistics.median(during) / idle, max(during) / idle, 1000 * max(latencies)))
+                results.append(StallResult(name, runs[-1][0], len(json.dumps(attack)),
+                                           statistics.median(r[1] for r in runs), statistics.median(r[2] for r in runs),
+                                           max(r[3] for r in runs)))
     return idle, results
 
 

@@ -139,3 +139,19 @@ def test_the_stall_scenario_reports_every_attack_with_its_status_and_ratios(serv
     assert results[0].status == 400 and results[-1].status == 400  # over the char limit; over max_model_len
     assert all(r.median_gap_ratio > 0 and r.health_max_ms > 0 for r in results)
     assert format_stall(idle, results, 0.01).count("\n") == len(ATTACKS) + 1
+
+
+@pytest.mark.slow
+def test_the_stall_scenario_runs_only_the_attacks_named_in_table_order(server):
+    from atom.entrypoints.stall_bench import run_stall_bench
+
+    _, results = asyncio.run(run_stall_bench(server.url, BUILTIN_MODEL_NAME, scale=0.01, output_len=4,
+                                             attacks=["text-at-limit", "control-tiny-400"]))
+    assert [(r.attack, r.status) for r in results] == [("control-tiny-400", 400), ("text-at-limit", 400)]
+
+
+def test_the_stall_scenario_refuses_an_unknown_attack_name_before_connecting():
+    from atom.entrypoints.stall_bench import run_stall_bench
+
+    with pytest.raises(ValueError, match="unknown attack.s. text-9MB; known: control-tiny-400, text-4MB"):
+        asyncio.run(run_stall_bench("http://127.0.0.1:9", "m", attacks=["text-9MB"]))
