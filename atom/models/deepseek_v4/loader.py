@@ -23,8 +23,10 @@ of a tensor only; ``plan_model`` (steps 1 to 3) is shared with the sharded loade
 
 from __future__ import annotations
 
+import gc
 import json
 import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -37,11 +39,13 @@ from atom.config import load_hf_config
 from .config import DeepseekV4Config
 from .layers import Linear
 from .model import DeepseekV4Model, ModelWeights
+from .module_copy import fresh_copy
 from .quant import dequantize_fp8_weight, dequantize_mxfp4_weight
 from .shard_reader import CheckpointError, ShardFile, TensorEntry, read_header
 
 __all__ = ["CheckpointError", "CheckpointIndex", "load_checkpoint", "plan_model", "read_config", "check_fits",
-           "available_bytes", "convert_stored", "dequantize_stored", "INDEX_FILE"]
+           "available_bytes", "convert_stored", "dequantize_stored", "INDEX_FILE", "named_tensors",
+           "collection_paused"]
 
 INDEX_FILE = "model.safetensors.index.json"
 IGNORED_ALIASES = ("mtp.0.emb.tok_emb.weight", "mtp.0.head.weight")
@@ -168,9 +172,15 @@ def check_fits(needed: int, device: torch.device | str, available: int | None = 
 
 
 def _plan_formats(model: ModelWeights, index: CheckpointIndex, keep_quantized: bool) -> set[str]:
-    """Give each Linear its stored format; return the weight names to dequantize while loading."""
+    """Give each Linear its stored format; return the weight names to dequantize while loading.
+
+    A plain ``Linear`` whose twin (same sizes, dtype, device and format) was already formatted is replaced by a
+    fresh copy of it (:func:`fresh_copy`, what ``set_format`` would make, at a fraction of the cost: the routed
+    experts are thousands of such twins)."""
     dequant: set[str] = set()
-    for path, mod in model.named_modules():
+    modules = dict(model.named_modules())
+    twins: dict[tuple, Linear] = {}
+    for path, mod in modules.items():
         if not isinstance(mod, Linear) or f"{path}.scale" not in index or f"{path}.weight" not in index:
             continue
         stored = index.entries[f"{path}.weight"].dtype
@@ -178,11 +188,35 @@ def _plan_formats(model: ModelWeights, index: CheckpointIndex, keep_quantized: b
         if fmt is None:
             raise CheckpointError(f"{path}.weight has a scale but dtype {stored}; a quantized weight must be "
                                   "F8_E4M3 (fp8) or I8/U8 (packed FP4 pairs)")
-        if keep_quantized and not _DEQUANT_ON_LOAD.search(path):
-            mod.set_format(fmt, act_quant=model.cfg.quant_sim)
-        else:
+        if not keep_quantized or _DEQUANT_ON_LOAD.search(path):
             dequant.add(f"{path}.weight")
+            continue
+        key = (mod.in_features, mod.out_features, mod.dtype, mod.weight.device, fmt)
+        twin = twins.get(key) if type(mod) is Linear and mod.fmt == "dense" else None
+        if twin is None:
+            mod.set_format(fmt, act_quant=model.cfg.quant_sim)
+            if type(mod) is Linear:
+                twins[key] = mod
+        else:
+            owner, _, attr = path.rpartition(".")
+            modules[owner]._modules[attr] = fresh_copy(twin)
     return dequant
+
+
+def named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict(keep_vars=True)`` without its per-module hook machinery (a third of the cost on a model of 23,000
+    modules): every parameter and persistent buffer that is not None, under its dotted name. The model's
+    modules define no state-dict hooks or extra state, for which the two would differ."""
+    out: dict[str, torch.Tensor] = {}
+    for path, mod in model.named_modules():
+        prefix = f"{path}." if path else ""
+        for name, p in mod._parameters.items():
+            if p is not None:
+                out[prefix + name] = p
+        for name, b in mod._buffers.items():
+            if b is not None and name not in mod._non_persistent_buffers_set:
+                out[prefix + name] = b
+    return out
 
 
 def _problems(expected: dict[str, torch.Tensor], index: CheckpointIndex, dequant: set[str],
@@ -247,6 +281,22 @@ def _install(modules: dict[str, nn.Module], name: str, value: torch.Tensor) -> N
         mod._buffers[attr] = value
 
 
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (back to its previous state after).
+
+    Building and loading a model makes tens of thousands of long-lived objects (modules, parameters, header
+    entries) and nothing to collect; left on, the collector runs again and again over the growing heap and cost
+    two thirds of building a 35,000-tensor model on ``meta``."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def _shards(index: CheckpointIndex, progress: bool) -> Iterator[Path]:
     if not progress:
         yield from index.files
@@ -267,13 +317,14 @@ def plan_model(directory: str | Path, *, dtype: torch.dtype = torch.float32, kee
     Raises ``CheckpointError`` naming each tensor that does not match (no tensor data is read)."""
     directory = Path(directory)
     cfg = read_config(directory, **overrides)
-    index = CheckpointIndex(directory)
-    model = model_class(cfg, dtype=dtype, device="meta")
-    if not load_mtp:
-        model.mtp = nn.ModuleList()
-    dequant = _plan_formats(model, index, keep_quantized)
-    skipped = set(IGNORED_ALIASES) | (set() if load_mtp else {n for n in index.entries if n.startswith("mtp.")})
-    problems = _problems(dict(model.state_dict()), index, dequant, skipped)
+    with collection_paused():
+        index = CheckpointIndex(directory)
+        model = model_class(cfg, dtype=dtype, device="meta")
+        if not load_mtp:
+            model.mtp = nn.ModuleList()
+        dequant = _plan_formats(model, index, keep_quantized)
+        skipped = set(IGNORED_ALIASES) | (set() if load_mtp else {n for n in index.entries if n.startswith("mtp.")})
+        problems = _problems(named_tensors(model), index, dequant, skipped)
     if problems:
         more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
         raise CheckpointError(f"checkpoint {directory} does not match the model: " + "; ".join(problems[:20]) + more)
@@ -290,9 +341,17 @@ def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32
     ``overrides`` set config fields (``quant_sim=True`` also FP8-quantizes the inputs of quantized GEMMs).
     Raises ``CheckpointError`` before reading any data when names, shapes, dtypes or free memory are wrong.
     """
-    model, index, dequant = plan_model(directory, dtype=dtype, keep_quantized=keep_quantized, load_mtp=load_mtp,
-                                       model_class=model_class, **overrides)
-    expected = dict(model.state_dict())
+    with collection_paused():  # one pause for both steps (resuming costs a collection over the new objects)
+        model, index, dequant = plan_model(directory, dtype=dtype, keep_quantized=keep_quantized,
+                                           load_mtp=load_mtp, model_class=model_class, **overrides)
+        _read_into(model, index, dequant, device, progress)
+    return model.eval()
+
+
+def _read_into(model: ModelWeights, index: CheckpointIndex, dequant: set[str], device: torch.device | str,
+               progress: bool) -> None:
+    """Step 4 of :func:`load_checkpoint`: every tensor of ``index`` read into the (planned) ``model``."""
+    expected = named_tensors(model)
     check_fits(sum(t.numel() * t.element_size() for t in expected.values()), device)
     scales = {name[: -len("weight")] + "scale": name for name in dequant}
     waiting: dict[str, torch.Tensor] = {}  # one half of a weight + scale pair whose other half is in a later file
@@ -309,7 +368,6 @@ def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32
                     _install(modules, name, _as_target(shard.read(name, index.entries[name]), expected[name]))
     if waiting:  # plan_model admits a dequantized weight only with its scale, so this is never reached
         raise CheckpointError(f"tensors never paired with their weight or scale: {sorted(waiting)}")
-    return model.eval()
 
 
 def _dequantized(index: CheckpointIndex, shard: ShardFile, name: str, weight: str,
