@@ -63,6 +63,7 @@ OPS: dict[str, tuple[str, str, str]] = {
     "swiglu": ("swiglu", "swiglu", "swiglu_ref"),
     "rope": ("rope", "rope", "rope_ref"),
     "hc_post": ("hc_post", "hc_post", "hc_post_ref"),
+    "hc_pre": ("hc_pre", "hc_pre", "hc_pre_ref"),
 }
 
 _AITER: dict[str, Callable] = {}

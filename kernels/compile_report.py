@@ -137,8 +137,8 @@ def _stacked_experts(g: Geometry, fmt: str) -> tuple[torch.Tensor, ...]:
 def variants(g: Geometry) -> list[Variant]:
     """Every kernel variant the engine launches at ``g``'s shapes (decode batch :data:`DECODE_TOKENS`)."""
     from . import (compressed_write, compressor_state, entry_pool, fp8_ds_mla, fp8_gemm, fp8_index_key, fused_moe,
-                   hc_sinkhorn, hca_state, index_score, mxfp4_gemm, page_copy, paged_index, sparse_attention,
-                   swa_write)
+                   hc_post, hc_pre, hc_sinkhorn, hca_state, index_score, mxfp4_gemm, page_copy, paged_index, rms_norm, rope,
+                   sparse_attention, swa_write, swiglu)
     t, rc, kc = DECODE_TOKENS, g.row_codec, g.key_codec
     seqs, cu, start = _i32(t), torch.arange(t + 1, dtype=torch.int32), _i32(t)
     main_rows, key_rows = _u8(ROWS, rc.row_bytes), _u8(ROWS, kc.row_bytes)
@@ -214,6 +214,20 @@ def variants(g: Geometry) -> list[Variant]:
     add("index", f"build_comp_index csa topk={g.index_topk}", lambda: paged_index.build_comp_index(
         table, seqs, start, _i32(t, g.index_topk, fill=-1), width=g.index_topk, ratio=CSA_RATIO, **comp_geo))
     add("mhc", f"hc_sinkhorn hc={g.hc}", lambda: hc_sinkhorn.hc_sinkhorn(_f32(t, g.hc, g.hc), 20, 1e-6))
+    for label, width in (("hidden", g.hidden), ("q_lora", g.q_lora), ("head", g.head_dim)):
+        add("small ops", f"rms_norm {label} D={width}", lambda width=width: rms_norm.rms_norm(
+            _bf16(t, width), _bf16(width), 1e-6))
+    add("small ops", f"rms_norm per-head fp32 H={g.heads} D={g.head_dim}", lambda: rms_norm.rms_norm(
+        _f32(t, g.heads, g.head_dim), None, 1e-6))
+    add("small ops", f"swiglu I={g.moe_inter}", lambda: swiglu.swiglu(
+        _bf16(t, g.moe_inter), _bf16(t, g.moe_inter), 10.0, torch.bfloat16))
+    add("small ops", f"rope q H={g.heads} D={g.head_dim} R={g.rope_dim}", lambda: rope.rope(
+        q, _i64(t), _f32(g.rope_dim // 2), True))
+    mix = (2 + g.hc) * g.hc
+    add("small ops", f"hc_pre hc={g.hc} D={g.hidden}", lambda: hc_pre.hc_pre(
+        _bf16(t, g.hc, g.hidden), _f32(mix, g.hc * g.hidden), _f32(3), _f32(mix), 20, 1e-6, 1e-6))
+    add("small ops", f"hc_post hc={g.hc} D={g.hidden}", lambda: hc_post.hc_post(
+        _bf16(t, g.hidden), _bf16(t, g.hc, g.hidden), _f32(t, g.hc), _f32(t, g.hc, g.hc)))
     add("codec", "fp8_ds_mla_quantize", lambda: fp8_ds_mla.fp8_ds_mla_quantize(
         _bf16(t, g.head_dim), _u8(t, rc.row_bytes), layout=rc))
     add("codec", "fp8_ds_mla_dequantize", lambda: fp8_ds_mla.fp8_ds_mla_dequantize(main_rows, layout=rc))

@@ -1,4 +1,4 @@
-"""The fused small ops (rms_norm, swiglu, rope, hc_post): each torch reference equals the reference model's own
+"""The fused small ops (rms_norm, swiglu, rope, hc_post, hc_pre): each torch reference equals the reference model's own
 arithmetic bit for bit, and each Triton kernel (interpreter) equals its reference at random shapes (one token,
 odd widths, bf16 and fp32), within the last bits that a different reduction order or libm gives."""
 
@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from atom.kernels.hc_post import hc_post, hc_post_ref
+from atom.kernels.hc_pre import hc_pre, hc_pre_ref
 from atom.kernels.rms_norm import rms_norm, rms_norm_ref
 from atom.kernels.rope import rope, rope_ref
 from atom.kernels.swiglu import swiglu, swiglu_ref
 from atom.models.deepseek_v4.layers import RMSNorm, rms_normalize
+from atom.models.deepseek_v4.mhc import hc_pre as model_hc_pre
 from atom.models.deepseek_v4.rope import apply_rope, rope_frequencies
 from atom.models.deepseek_v4_serving.block import hc_post_accumulate
 
@@ -106,3 +108,16 @@ def test_bad_arguments_are_refused_with_what_is_accepted():
         rope(torch.zeros(2, 8), torch.zeros(2), torch.ones(2))
     with pytest.raises(ValueError, match="hc_post needs hc a power of two"):
         hc_post(torch.zeros(1, 4), torch.zeros(1, 3, 4), torch.zeros(1, 3), torch.zeros(1, 3, 3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,width", [(1, 7), (3, 40), (2, 300)])
+def test_hc_pre_kernel_equals_its_reference_and_the_model(tokens, width, dtype, gen):
+    h = torch.randn(tokens, 4, width, generator=gen).to(dtype)
+    fn = torch.randn(24, 4 * width, generator=gen) * 0.1
+    scale, base = torch.rand(3, generator=gen) + 0.5, torch.randn(24, generator=gen) * 0.1
+    want = hc_pre_ref(h, fn, scale, base, 20, 1e-6, 1e-6)
+    for got_part, model_part in zip(want, model_hc_pre(h, fn, scale, base, 20, 1e-6, 1e-6)):
+        assert torch.equal(got_part, model_part)
+    for got_part, want_part in zip(hc_pre(h, fn, scale, base, 20, 1e-6, 1e-6), want):
+        torch.testing.assert_close(got_part, want_part, **(tol(dtype) if got_part.dtype == dtype else tol(torch.float32)))
