@@ -19,17 +19,18 @@ Eviction is lazy: a released block keeps its page and node until its memory is n
 chosen chunk-aware: among the least recently used cached blocks, the one worth least (the owner's
 policy), then the one whose chunk has the fewest pages in use (so chunks drain and can be lent to
 the other owner); :meth:`reclaim_chunk` frees a whole chunk whose every used page is cached. The
-per-chunk counts of cached pages these need are maintained where a block becomes cached (release)
-or stops being cached (claim, eviction), so eviction never recounts the cache; ``check_integrity``
-compares them with a recount.
+per-chunk counts of cached pages these need are kept incrementally: a release appends the run of
+blocks it cached, and the runs are added to the counts (one C-level pass) when a count is next read,
+by a claim or an eviction of a cached block or a room check; a block that stops being cached is
+taken off its chunk's count. Eviction thus never recounts the cache, and a request's end counts
+nothing. ``check_integrity`` compares the counts with a recount.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from itertools import groupby, repeat
-from operator import itemgetter
-from typing import Callable, Collection
+from itertools import chain
+from typing import Callable, Collection, Sequence
 
 from atom.kv.page_map import LogicalPageMap, Owner
 from atom.kv.prefix_index import PrefixIndex, PrefixNode
@@ -58,8 +59,10 @@ class BlockPool:
         # cached ids, least recently released first (a dict keeps insertion order; no move-to-end is
         # needed, as a claimed block leaves it; a bulk update is 3x cheaper than an OrderedDict's)
         self._cached: dict[int, None] = {}
-        # chunk -> this owner's cached pages in it (no zero entries; a Counter: a missing chunk reads 0)
+        # chunk -> this owner's cached pages in it (no zero entries; a Counter: a missing chunk reads 0),
+        # less the runs of newly cached ids in ``_uncounted``, added when a count is next read
         self._cached_in_chunk: Counter[int] = Counter()
+        self._uncounted: list[list[int]] = []
         self._ppc = arena.pages_per_chunk(owner)
         self.evicted_hashes: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
@@ -136,50 +139,55 @@ class BlockPool:
 
     def release_many(self, block_ids: list[int], keep: bool = True) -> None:
         """:meth:`release` of each id, in order (the earlier ones become the older cache entries)."""
-        ref, gone = self.ref, []
-        add = gone.append
-        for bid in block_ids:  # one pass: drop the reference, collect the ids it was the last of
+        ref = self.ref
+        if not keep:
+            gone = []
+            for bid in block_ids:
+                r = ref[bid] - 1
+                ref[bid] = r
+                if not r:
+                    gone.append(bid)  # (a ref below 0 fails check_integrity)
+            if gone:
+                self._free_many(gone)
+            return
+        nodes, kept, unpublished = self.node, [], []
+        for bid in block_ids:  # one pass: drop the reference, sort the ids it was the last of
             r = ref[bid] - 1
             ref[bid] = r
             if not r:
-                add(bid)  # (a ref below 0 fails check_integrity)
-        if not gone:
-            return
-        nodes = self.node
-        if keep:
-            kept = [bid for bid in gone if nodes[bid] is not None]
-            if len(kept) < len(gone):
-                self._free_unpublished([bid for bid in gone if nodes[bid] is None])
-            self._cached.update(zip(kept, repeat(None)))
-            self._count_cached(kept)
-            if self.unlock_tokens is not None:  # only a valuing policy reads the age
-                at, clock = self.cached_at, self._clock
-                for bid in kept:
-                    at[bid] = clock
-                    clock += 1
-                self._clock = clock
-            else:
-                self._clock += len(kept)
-        else:
-            self._free_many(gone)
-
-    def _count_cached(self, kept: list[int]) -> None:
-        """Add the newly cached ``kept`` ids to the per-chunk counts. A request's pages come in runs
-        of a few chunks: the chunks are gathered in one C call and each distinct one counted with
-        ``tuple.count`` (a run-length pass when they are many)."""
+                if nodes[bid] is None:
+                    unpublished.append(bid)
+                else:
+                    kept.append(bid)
+        if unpublished:
+            self._free_unpublished(unpublished)
         if not kept:
             return
-        counts = self._cached_in_chunk
-        if len(kept) == 1:
-            counts[self._chunk[kept[0]]] += 1
-            return
-        chunks = itemgetter(*kept)(self._chunk)
-        if len(chunks) <= 64:
-            for chunk in set(chunks):
-                counts[chunk] += chunks.count(chunk)
+        self._cached.update(dict.fromkeys(kept))
+        self._uncounted.append(kept)  # counted per chunk when a count is next read (_counts)
+        if self.unlock_tokens is not None:  # only a valuing policy reads the age
+            at, clock = self.cached_at, self._clock
+            for bid in kept:
+                at[bid] = clock
+                clock += 1
+            self._clock = clock
         else:
-            for chunk, run in groupby(chunks):
-                counts[chunk] += len(tuple(run))
+            self._clock += len(kept)
+
+    def _counts(self) -> Counter[int]:
+        """The per-chunk cached page counts, first adding the runs cached since the last read (in one
+        C-level pass). Releases only append a run: a request's end does not count its pages, and
+        the counting is done at most once per cached block, by the first eviction or claim of a
+        cached block (or a room check) that reads the counts."""
+        if self._uncounted:
+            of = self._chunk.__getitem__
+            self._cached_in_chunk.update(map(of, chain.from_iterable(self._uncounted)))
+            self._uncounted.clear()
+        return self._cached_in_chunk
+
+    def cached_pages_per_chunk(self) -> dict[int, int]:
+        """Chunk -> this owner's cached pages in it (chunks holding none are absent)."""
+        return dict(self._counts())
 
     def publish(self, block_id: int, node: PrefixNode) -> bool:
         """Publish a fully written block at its prefix node. False if the node already has a block
@@ -194,6 +202,23 @@ class BlockPool:
         setattr(node, self._attr, block_id)
         node.refs += 1
         return True
+
+    def publish_run(self, block_ids: Sequence[int], nodes: Sequence[PrefixNode]) -> None:
+        """:meth:`publish` of ``block_ids[i]`` at ``nodes[i]`` for each i (a compressed run after a
+        step), in one loop; a block already published, or a node holding another block of this pool,
+        is skipped as :meth:`publish` skips it."""
+        own, ref, attr = self.node, self.ref, self._attr
+        comp = attr == "comp"
+        for bid, node in zip(block_ids, nodes):
+            assert ref[bid] > 0, f"{self.owner}: publish of unheld block {bid}"
+            if own[bid] is not None or (node.comp if comp else getattr(node, attr)) >= 0:
+                continue
+            own[bid] = node
+            if comp:
+                node.comp = bid
+            else:
+                setattr(node, attr, bid)
+            node.refs += 1
 
     # ---- eviction -----------------------------------------------------------------------------
     def evict(self, block_id: int) -> None:
@@ -234,7 +259,7 @@ class BlockPool:
 
     def _uncount(self, block_id: int) -> None:
         """``block_id`` stops being cached: one cached page fewer in its chunk."""
-        counts, chunk = self._cached_in_chunk, self._chunk[block_id]
+        counts, chunk = self._counts(), self._chunk[block_id]
         n = counts[chunk] - 1
         if n:
             counts[chunk] = n
@@ -255,7 +280,7 @@ class BlockPool:
         qualify. False (evicting nothing) if no chunk qualifies. Costs O(chunks holding cached
         pages) when none qualifies; else the cached blocks up to the chosen chunk's last are read
         once, in LRU order (which is also the order they are evicted in)."""
-        counts, used, owner = self._cached_in_chunk, self.arena.chunk_pages_used, self.owner
+        counts, used, owner = self._counts(), self.arena.chunk_pages_used, self.owner
         drainable = {chunk for chunk, n in counts.items() if n == used(owner, chunk)}
         if skip:
             drainable -= {self._chunk[bid] for bid in skip}
@@ -279,7 +304,7 @@ class BlockPool:
         (cached blocks about to be claimed) and every block of ``releasable`` (held only by a
         retention pin) were evicted. Costs O(chunks holding cached pages + len(releasable) + len(held))."""
         gone = Counter(map(self._chunk.__getitem__, releasable))
-        gone.update(self._cached_in_chunk)
+        gone.update(self._counts())
         if held:
             gone.subtract(map(self._chunk.__getitem__, held))
         used, owner = self.arena.chunk_pages_used, self.owner
@@ -322,7 +347,7 @@ class BlockPool:
         """Every id in exactly one state; nodes point back. ``holders`` (id -> number of request
         references, pins included) is checked against ref counts when given."""
         vacant, cached = set(self._vacant), set(self._cached)
-        assert dict(self._cached_in_chunk) == self._recount_cached_per_chunk(), \
+        assert self.cached_pages_per_chunk() == self._recount_cached_per_chunk(), \
             f"{self.owner}: per-chunk cached page counts drifted from a recount"
         assert len(vacant) == len(self._vacant), f"{self.owner}: vacant id listed twice"
         assert not vacant & cached, f"{self.owner}: id both vacant and cached"

@@ -57,9 +57,7 @@ class CompressedPool:
 
     def publish(self, h: KvHoldings, first: int, nodes: Sequence[PrefixNode]) -> None:
         """Publish blocks ``first ..`` at ``nodes`` (block ``first + i`` at ``nodes[i]``)."""
-        blocks, publish = h.comp.blocks, self.pool.publish
-        for i, node in enumerate(nodes):
-            publish(blocks[first + i], node)
+        self.pool.publish_run(h.comp.blocks[first:first + len(nodes)], nodes)
 
     def release_all(self, h: KvHoldings) -> None:
         """Release every block, the last first."""

@@ -115,13 +115,11 @@ class LogicalPageMap:
 
     def free(self, owner: str, lids: Iterable[int]) -> None:
         """Return the pages of these logical ids (each must be backed)."""
-        phys = self._phys[owner]
-        pages = []
-        for lid in lids:
-            page = phys.pop(lid, None)
-            if page is None:
-                raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
-            pages.append(page)
+        pop = self._phys[owner].pop
+        try:
+            pages = [pop(lid) for lid in lids]
+        except KeyError as e:
+            raise ArenaError(f"{owner}: logical block {e.args[0]} freed but it holds no page") from None
         self._give_back_pages(owner, pages)
 
     def _check_maps(self) -> None:

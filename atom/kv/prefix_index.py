@@ -26,13 +26,15 @@ class PrefixNode:
     __slots__ = ("block_hash", "parent", "key", "refs", "comp", "swa", "host_comp", "host_swa", "hits", "depth")
 
     def __init__(self, block_hash: int, parent: PrefixNode | None, key: bytes, depth: int) -> None:
-        self.block_hash, self.parent, self.key, self.depth = block_hash, parent, key, depth
-        self.refs = 0
-        self.comp = -1  # the compressed block published here, or -1
-        self.swa = -1  # the SWA block published here, or -1
-        self.host_comp = -1  # the host page holding a copy of the compressed block, or -1
-        self.host_swa = -1  # the host page holding a copy of the SWA block, or -1
-        self.hits = 0  # prefix hits that claimed this node's blocks (the host tier's write-through)
+        # one plain store per field (a tuple unpacking here costs about as much as the rest of the
+        # body: a prompt's publication creates a node per block)
+        self.block_hash = block_hash
+        self.parent = parent
+        self.key = key
+        self.depth = depth
+        self.refs = self.hits = 0  # hits: prefix hits that claimed this node's blocks (write-through)
+        # the compressed / SWA block published here, and the host pages holding copies of them; -1: none
+        self.comp = self.swa = self.host_comp = self.host_swa = -1
 
     def __repr__(self) -> str:
         return (f"PrefixNode({self.block_hash:#x}, depth={self.depth}, refs={self.refs}, comp={self.comp}, "
@@ -67,17 +69,17 @@ class PrefixIndex:
         prefix (those blocks stay private). Each new node takes a reference on its parent; the
         caller references what it publishes and moves its own tip."""
         out: list[PrefixNode] = []
-        nodes, parent = self._nodes, tip
+        add, get, nodes, parent = out.append, self._nodes.get, self._nodes, tip
         for j in range(first, end):
             h = hashes[j]
-            node = nodes.get(h)
+            node = get(h)
             if node is None:
                 node = nodes[h] = PrefixNode(h, parent, keys[j], j)
                 if parent is not None:
                     parent.refs += 1
             elif node.parent is not parent or node.key != keys[j]:
                 break
-            out.append(node)
+            add(node)
             parent = node
         return out
 

@@ -17,7 +17,7 @@ def full_state(bm: BlockManager) -> dict:
     for name, pool in (("comp", bm.comp.pool), ("swa", bm.swa.pool)):
         out[name] = {"lru": list(pool._cached), "ref": list(pool.ref), "pages": list(pool.pages),
                      "cached_at": list(pool.cached_at), "clock": pool._clock,
-                     "per_chunk": dict(pool._cached_in_chunk), "vacant": list(pool._vacant),
+                     "per_chunk": pool.cached_pages_per_chunk(), "vacant": list(pool._vacant),
                      "evictions": pool.num_evictions, "evicted": list(pool.evicted_hashes)}
     return out
 
