@@ -323,19 +323,27 @@ class BlockPool:
     def _free_many(self, block_ids: list[int]) -> None:
         """Unpublish (ref 0) blocks and return their pages to the arena."""
         nodes, attr, evicted = self.node, self._attr, self.evicted_hashes
-        for bid in block_ids:
-            node = nodes[bid]
-            if node is not None:
-                nodes[bid] = None
-                setattr(node, attr, -1)
-                evicted[node.block_hash] = None
-                self.index.unref(node)
-        while len(evicted) > _EVICTED_MEMORY:
-            evicted.popitem(last=False)
+        if any(map(nodes.__getitem__, block_ids)):  # (a node is truthy; windows leave unpublished)
+            for bid in block_ids:
+                node = nodes[bid]
+                if node is not None:
+                    nodes[bid] = None
+                    setattr(node, attr, -1)
+                    evicted[node.block_hash] = None
+                    self.index.unref(node)
+            while len(evicted) > _EVICTED_MEMORY:
+                evicted.popitem(last=False)
         self._free_unpublished(block_ids)
 
     def _free_unpublished(self, block_ids: list[int]) -> None:
         """Return the pages of blocks at ref 0 that hang on no prefix node to the arena."""
+        if len(block_ids) == 1:  # (a request's partly written last block)
+            bid = block_ids[0]
+            self.arena.free_one(self.owner, bid)
+            self.pages[bid] = -1
+            self.captured[bid] = False
+            self._vacant.append(bid)
+            return
         self.arena.free(self.owner, block_ids)
         pages, captured = self.pages, self.captured
         for bid in block_ids:

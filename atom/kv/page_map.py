@@ -122,6 +122,13 @@ class LogicalPageMap:
             raise ArenaError(f"{owner}: logical block {e.args[0]} freed but it holds no page") from None
         self._give_back_pages(owner, pages)
 
+    def free_one(self, owner: str, lid: int) -> None:
+        """:meth:`free` of one logical id (a request's partly written last block, its state page)."""
+        page = self._phys[owner].pop(lid, None)
+        if page is None:
+            raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
+        self._give_back(owner, page)
+
     def _check_maps(self) -> None:
         for owner, phys in self._phys.items():
             pages = list(phys.values())

@@ -48,7 +48,7 @@ class StatePages:
         if h.state_slot < 0:
             return
         assert self._held.pop(h.seq_id, None) == h.state_slot, f"seq {h.seq_id}: state page not held"
-        self.arena.free(STATE, (h.seq_id,))
+        self.arena.free_one(STATE, h.seq_id)
         h.state_slot = -1
 
     def check_integrity(self, holdings: list[KvHoldings]) -> None:

@@ -176,8 +176,11 @@ class SlidingWindowPool:
         if hi <= lo:
             return
         blocks, keep = h.swa.blocks, self._kept_indices(h, lo, hi)
-        kept = [blocks[j] for j in range(lo, hi) if blocks[j] >= 0 and j in keep]
-        dropped = [blocks[j] for j in range(lo, hi) if blocks[j] >= 0 and j not in keep]
+        if not keep:  # (the usual case: a prompt's first chunks, nothing to retain)
+            kept, dropped = [], [bid for bid in blocks[lo:hi] if bid >= 0]
+        else:
+            kept = [blocks[j] for j in range(lo, hi) if blocks[j] >= 0 and j in keep]
+            dropped = [blocks[j] for j in range(lo, hi) if blocks[j] >= 0 and j not in keep]
         if kept:
             self.pool.release_many(kept, keep=True)
         if dropped:

@@ -117,7 +117,7 @@ class UnifiedKvArena(LogicalPageMap):
         return self._lists[owner].pop_many(n)
 
     def _give_back_pages(self, owner: str, pages: list[int]) -> None:
-        if len(pages) == 1:  # a request's partly written last block, its state page: one call less
+        if len(pages) == 1:  # one call less
             self._lists[owner].free(pages[0])
         else:
             self._lists[owner].free_many(pages)
