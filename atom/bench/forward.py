@@ -25,7 +25,7 @@ decode_ms_b32=<float>`` for the thin-Flash decode (host syncs: the most in any d
 ``--kernels`` (run with ``TRITON_INTERPRET=1``) instead counts the device kernels per layer of thin Flash on
 the Triton backend (:mod:`atom.bench.kernel_count`: Triton launches plus aten ops that launch device work;
 views, allocations and metadata excluded) for decode at batch 1 and 32 and a 64-token prefill chunk; its
-last line is ``kernels_per_layer_b1=<int> kernels_per_layer_b32=<int>``.
+last line is ``kernels_per_layer_b1=<int> kernels_per_layer_b32=<int> kernels_per_layer_prefill64=<int>``.
 """
 
 from __future__ import annotations
@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"thin flash, Triton backend (interpreter), context {context} tokens")
         with torch.no_grad():
             counts = kernel_counts("flash", context, 64)
-        print(f"kernels_per_layer_b1={counts['b1']} kernels_per_layer_b32={counts['b32']}")
+        print(f"kernels_per_layer_b1={counts['b1']} kernels_per_layer_b32={counts['b32']} "
+              f"kernels_per_layer_prefill64={counts['prefill64']}")
         return
     print(f"context {context} tokens, torch kernels, {torch.get_num_threads()} threads")
     flash = None

@@ -121,3 +121,19 @@ def test_hc_pre_kernel_equals_its_reference_and_the_model(tokens, width, dtype, 
         assert torch.equal(got_part, model_part)
     for got_part, want_part in zip(hc_pre(h, fn, scale, base, 20, 1e-6, 1e-6), want):
         torch.testing.assert_close(got_part, want_part, **(tol(dtype) if got_part.dtype == dtype else tol(torch.float32)))
+
+
+def test_each_small_op_is_one_launch_and_nothing_else(gen):
+    from atom.bench.kernel_count import KernelCounter
+
+    h = torch.randn(3, 4, 16, generator=gen)
+    ones = {shape: torch.ones(shape) for shape in [(16,), (4,), (3, 4), (3, 4, 4), (24, 64), (3,), (24,)]}
+    pos, y = torch.arange(3), h[:, 0].contiguous()
+    calls = [lambda: rms_norm(h, ones[(16,)], 1e-6), lambda: swiglu(h, h, 10.0, torch.float32),
+             lambda: rope(h, pos, ones[(4,)], False),
+             lambda: hc_post(y, h, ones[(3, 4)], ones[(3, 4, 4)]),
+             lambda: hc_pre(h, ones[(24, 64)], ones[(3,)], ones[(24,)], 20, 1e-6, 1e-6)]
+    for call in calls:
+        with KernelCounter() as count:
+            call()
+        assert (count.triton, dict(count.aten)) == (1, {})

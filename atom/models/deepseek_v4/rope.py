@@ -20,6 +20,7 @@ import torch
 
 from .config import DeepseekV4Config
 from .device_constants import on_device
+from .fused_ops import active_small_ops
 
 
 def _correction_dim(num_rotations: float, dim: int, base: float, max_seq_len: int) -> float:
@@ -87,6 +88,9 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, in
     is ``(e c - o s, o c + e s)``, computed as ``x * cos2 + swap(x) * sin2`` (``swap`` exchanges the two
     members of each pair; ``e c + o (-s)`` rounds exactly like ``e c - o s``).
     """
+    kernels = active_small_ops()
+    if kernels is not None:  # a GPU backend's fused kernel (see fused_ops.py)
+        return kernels.rope(x, positions, on_device(freqs, positions.device), inverse)
     rd = 2 * freqs.shape[0]
     cos2, sin2 = rope_tables(positions, freqs)
     if inverse:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from atom.kernels.backend import KernelSet
 from atom.model_ops.step_inputs import PageTables, StepInputs
 from atom.models.deepseek_v4.block import BlockWeights, MTPWeights
+from atom.models.deepseek_v4.fused_ops import fused_small_ops
 from atom.models.deepseek_v4.layers import map_rows
 
 from .attention import ArenaAttention
@@ -42,15 +44,41 @@ class ServingBlock(BlockWeights):
     attn: ArenaAttention
     ffn: ServingMoE
 
+    def small_ops(self) -> KernelSet | None:
+        """The kernel set whose fused small ops (RMSNorm, RoPE, ``hc_pre``, ``hc_post``) this block runs: the arena's on a
+        GPU backend; None on the torch backend, which keeps the reference's torch arithmetic op for op (the
+        CPU engine is compared with the reference model value for value)."""
+        k = self.attn.k
+        return None if k is None or k.sources["rms_norm"] == "torch" else k
+
+    def hc_mix(self, h: torch.Tensor, prefix: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``BlockWeights.hc_mix``; on a GPU backend one fused ``hc_pre`` launch (norm, gates, Sinkhorn, mix)."""
+        k = self.small_ops()
+        if k is None:
+            return super().hc_mix(h, prefix)
+        c = self.cfg
+        return k.hc_pre(h, getattr(self, f"{prefix}_fn"), getattr(self, f"{prefix}_scale"),
+                        getattr(self, f"{prefix}_base"), c.hc_sinkhorn_iters, float(c.hc_eps), float(c.norm_eps))
+
     def ffn_sublayer(self, a: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                      token_ids: torch.Tensor) -> torch.Tensor:
         """Token-local: fold the attention output ``a`` into the stream ``h``, then the FFN sub-layer."""
-        h = hc_post_accumulate(a, h, post, comb)
+        k = self.small_ops()
+        fold = hc_post_accumulate if k is None else k.hc_post
+        h = fold(a, h, post, comb)
         y, post, comb = self.hc_mix(h, "hc_ffn")
-        return hc_post_accumulate(self.ffn(self.ffn_norm(y), token_ids), h, post, comb)
+        return fold(self.ffn(self.ffn_norm(y), token_ids), h, post, comb)
 
     def forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
-        """The new stream ``[T, hc, d]`` of the step's rows; writes their KV rows into the arena."""
+        """The new stream ``[T, hc, d]`` of the step's rows; writes their KV rows into the arena. On a GPU
+        backend the norms and rotations inside run the fused kernels (:func:`fused_small_ops`)."""
+        k = self.small_ops()
+        if k is None:
+            return self._forward(h, step, tables)
+        with fused_small_ops(k):
+            return self._forward(h, step, tables)
+
+    def _forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
         rw = self.cfg.batch_invariant
         x, post, comb = map_rows(self.attn_input, rw, h)
         a = self.attn(x, step, tables)

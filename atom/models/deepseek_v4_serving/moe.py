@@ -42,6 +42,7 @@ class ServingMoE(MoEWeights):
 
     _fused: Callable[..., torch.Tensor] | None = None
     _fused_source = "torch"
+    _swiglu: Callable[..., torch.Tensor] | None = None
     #: set by ``shard_model`` under data-parallel attention: the dispatch/combine of the routed rows (an
     #: ``atom.parallel.expert_exchange.ExpertExchange``; not imported here: the model does not depend on the
     #: package that shards it)
@@ -51,6 +52,8 @@ class ServingMoE(MoEWeights):
         """Run the routed experts with ``kernels``' ``fused_moe`` (a ``KernelSet``; None: the torch reference)."""
         self._fused = None if kernels is None else kernels.fused_moe
         self._fused_source = "torch" if kernels is None else kernels.sources["fused_moe"]
+        gpu = kernels is not None and kernels.sources["swiglu"] != "torch"
+        self._swiglu = kernels.swiglu if gpu else None
 
     def _held(self) -> list[Expert]:
         return [self.experts[e] for e in self.expert_range]
@@ -129,3 +132,12 @@ class ServingMoE(MoEWeights):
         xe = x.to(first.w1.weight.dtype if first.w1.fmt == "dense" else first.w1.dtype)
         return self._fused(xe, weights, idx, w1, w3, w2, s1, s3, s2, limit=first.limit,
                            act_blocks=(first.w1.act_block, first.w2.act_block), first_expert=self.expert_range.start)
+
+    def with_shared(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its routed sum (fp32 ``[T, dim]``), as ``MoEWeights.with_shared``; on a GPU
+        backend the shared expert's clamped SwiGLU is one fused kernel (``swiglu``) between its GEMMs."""
+        if self._swiglu is None:
+            return super().with_shared(x, routed)
+        ex = self.shared_experts
+        h = self._swiglu(ex.w1(x), ex.w3(x), float(ex.limit), x.dtype)
+        return self.comm.all_reduce(routed + ex.w2(h).float()).to(x.dtype)
