@@ -64,6 +64,7 @@ OPS: dict[str, tuple[str, str, str]] = {
     "rope": ("rope", "rope", "rope_ref"),
     "hc_post": ("hc_post", "hc_post", "hc_post_ref"),
     "hc_pre": ("hc_pre", "hc_pre", "hc_pre_ref"),
+    "moe_route": ("moe_route", "moe_route", "moe_route_ref"),
 }
 
 _AITER: dict[str, Callable] = {}

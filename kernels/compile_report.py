@@ -137,7 +137,7 @@ def _stacked_experts(g: Geometry, fmt: str) -> tuple[torch.Tensor, ...]:
 def variants(g: Geometry) -> list[Variant]:
     """Every kernel variant the engine launches at ``g``'s shapes (decode batch :data:`DECODE_TOKENS`)."""
     from . import (compressed_write, compressor_state, entry_pool, fp8_ds_mla, fp8_gemm, fp8_index_key, fused_moe,
-                   hc_post, hc_pre, hc_sinkhorn, hca_state, index_score, mxfp4_gemm, page_copy, paged_index, rms_norm, rope,
+                   hc_post, hc_pre, hc_sinkhorn, hca_state, index_score, moe_route, mxfp4_gemm, page_copy, paged_index, rms_norm, rope,
                    sparse_attention, swa_write, swiglu)
     t, rc, kc = DECODE_TOKENS, g.row_codec, g.key_codec
     seqs, cu, start = _i32(t), torch.arange(t + 1, dtype=torch.int32), _i32(t)
@@ -226,6 +226,8 @@ def variants(g: Geometry) -> list[Variant]:
     mix = (2 + g.hc) * g.hc
     add("small ops", f"hc_pre hc={g.hc} D={g.hidden}", lambda: hc_pre.hc_pre(
         _bf16(t, g.hc, g.hidden), _f32(mix, g.hc * g.hidden), _f32(3), _f32(mix), 20, 1e-6, 1e-6))
+    add("small ops", f"moe_route E={g.experts} k={g.topk}", lambda: moe_route.moe_route(
+        _f32(t, g.experts), _f32(g.experts), None, g.topk, "sqrtsoftplus", 1.5))
     add("small ops", f"hc_post hc={g.hc} D={g.hidden}", lambda: hc_post.hc_post(
         _bf16(t, g.hidden), _bf16(t, g.hc, g.hidden), _f32(t, g.hc), _f32(t, g.hc, g.hc)))
     add("codec", "fp8_ds_mla_quantize", lambda: fp8_ds_mla.fp8_ds_mla_quantize(

@@ -1,0 +1,131 @@
+"""The MoE router's selection and weights as one op, from the router logits.
+
+Contract: ``logits [T, E]`` fp32 (``x @ gate.weight.T``), ``bias [E]`` fp32 or None, ``hash_idx [T, k]`` (int32 /
+int64, the token's fixed experts on hash-routed layers) or None, ``topk`` ``k``, ``score_func`` (``softmax``,
+``sigmoid`` or ``sqrtsoftplus``), ``route_scale`` -> ``(weights [T, k]`` fp32, ``idx [T, k]`` int64), the
+reference ``Gate``'s rule:
+
+* ``scores = softmax(logits)`` / ``sigmoid(logits)`` / ``sqrt(softplus(logits))`` (softplus is ``x`` above 20);
+* ``idx``: ``hash_idx`` when given, else the ``k`` largest ``scores + bias`` in descending order, ties to the lower
+  expert (a stable descending sort);
+* ``weights = scores[idx]``, divided by their sum unless ``softmax``, times ``route_scale``.
+
+:func:`moe_route_ref` is the reference's torch arithmetic (about eight ops after the GEMM); :func:`moe_route` is
+one Triton program per token with the ``E`` scores in registers and ``k`` rounds of arg-max. ``exp`` / ``log``
+may differ from torch's in the last bit of fp32, and the kernel's softplus is ``log(1 + exp(x))`` where torch's
+uses ``log1p`` (a relative difference near fp32's epsilon for very negative logits).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._common import HAS_TRITON, next_pow2, require_triton, triton, tl
+
+__all__ = ["moe_route", "moe_route_ref", "SCORE_FUNCS"]
+
+SCORE_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
+
+
+def _check(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.Tensor | None, topk: int,
+           score_func: str, route_scale: float) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32:
+        raise ValueError(f"logits must be an fp32 [T, E] tensor, got {getattr(logits, 'dtype', type(logits).__name__)} "
+                         f"{tuple(getattr(logits, 'shape', ()))}")
+    t, e = logits.shape
+    if not isinstance(topk, int) or not 1 <= topk <= e:
+        raise ValueError(f"topk must be an int in 1..{e} (the expert count), got {topk!r}")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (e,) or bias.dtype != torch.float32):
+        raise ValueError(f"bias must be None or an fp32 [{e}] tensor, got {tuple(getattr(bias, 'shape', ()))}")
+    if hash_idx is not None and (not isinstance(hash_idx, torch.Tensor) or hash_idx.shape != (t, topk)
+                                 or hash_idx.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"hash_idx must be None or an int32/int64 [{t}, {topk}] tensor, got "
+                         f"{tuple(getattr(hash_idx, 'shape', ()))}")
+    if score_func not in SCORE_FUNCS:
+        raise ValueError(f"score_func {score_func!r}; accepted: {', '.join(SCORE_FUNCS)}")
+    if not isinstance(route_scale, float):
+        raise ValueError(f"route_scale must be a float, got {route_scale!r}")
+
+
+def moe_route_ref(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.Tensor | None, topk: int,
+                  score_func: str, route_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of :func:`moe_route` (same contract): the reference ``Gate``'s arithmetic."""
+    _check(logits, bias, hash_idx, topk, score_func, route_scale)
+    if score_func == "softmax":
+        scores = logits.softmax(dim=-1)
+    elif score_func == "sigmoid":
+        scores = torch.sigmoid(logits)
+    else:
+        scores = torch.sqrt(F.softplus(logits))
+    if hash_idx is not None:
+        idx = hash_idx.long()
+    else:
+        biased = scores if bias is None else scores + bias
+        idx = torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, :topk]
+    w = scores.gather(1, idx)
+    if score_func != "softmax":
+        w = w / w.sum(dim=-1, keepdim=True)
+    return w * route_scale, idx
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _moe_route_kernel(logit_ptr, bias_ptr, hash_ptr, w_ptr, idx_ptr, n_experts, route_scale,
+                          K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, FUNC: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, HASHED: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        e = tl.arange(0, E_PAD)
+        live = e < n_experts
+        x = tl.load(logit_ptr + t * n_experts + e, mask=live, other=float("-inf"))
+        if FUNC == 0:  # softmax
+            p = tl.exp(x - tl.max(x, axis=0))
+            scores = p / tl.sum(p, axis=0)
+        elif FUNC == 1:  # sigmoid
+            scores = tl.sigmoid(x)
+        else:  # sqrt(softplus)
+            xs = tl.where(live, x, 0.0)
+            scores = tl.sqrt(tl.where(xs > 20.0, xs, tl.log(1.0 + tl.exp(xs))))
+        scores = tl.where(live, scores, 0.0)
+        biased = scores
+        if HAS_BIAS:
+            biased = scores + tl.load(bias_ptr + e, mask=live, other=0.0)
+        biased = tl.where(live, biased, float("-inf"))
+        kk = tl.arange(0, K_PAD)
+        w = tl.zeros((K_PAD,), tl.float32)
+        ids = tl.zeros((K_PAD,), tl.int64)
+        for i in tl.static_range(K):
+            if HASHED:
+                j = tl.load(hash_ptr + t * K + i).to(tl.int32)
+            else:
+                best = tl.max(biased, axis=0)
+                j = tl.min(tl.where(biased == best, e, E_PAD), axis=0)
+                biased = tl.where(e == j, float("-inf"), biased)
+            wj = tl.sum(tl.where(e == j, scores, 0.0), axis=0)
+            w = tl.where(kk == i, wj, w)
+            ids = tl.where(kk == i, j.to(tl.int64), ids)
+        if FUNC != 0:
+            w = w / tl.sum(w, axis=0)
+        tl.store(w_ptr + t * K + kk, w * route_scale, mask=kk < K)
+        tl.store(idx_ptr + t * K + kk, ids, mask=kk < K)
+
+
+def moe_route(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.Tensor | None, topk: int,
+              score_func: str, route_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing weights and experts of every token (see the module docstring); one launch."""
+    _check(logits, bias, hash_idx, topk, score_func, route_scale)
+    require_triton("moe_route")
+    devices = {logits.device} | {a.device for a in (bias, hash_idx) if a is not None}
+    if len(devices) != 1:
+        raise ValueError("logits, bias and hash_idx must share a device")
+    t, e = logits.shape
+    lg = logits.contiguous()
+    w = torch.empty(t, topk, dtype=torch.float32, device=lg.device)
+    idx = torch.empty(t, topk, dtype=torch.int64, device=lg.device)
+    if t:
+        _moe_route_kernel[(t,)](lg, lg if bias is None else bias.contiguous(),
+                                lg if hash_idx is None else hash_idx.contiguous(), w, idx, e, route_scale,
+                                K=topk, K_PAD=next_pow2(topk), E_PAD=next_pow2(e), FUNC=SCORE_FUNCS.index(score_func),
+                                HAS_BIAS=bias is not None, HASHED=hash_idx is not None)
+    return w, idx
