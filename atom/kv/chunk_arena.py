@@ -65,6 +65,17 @@ class ChunkArena:
         self._is_free[chunk] = True
         self._free.append(chunk)
 
+    def release_many(self, chunks: list[int]) -> None:
+        """:meth:`release` of each chunk, in order."""
+        is_free, n = self._is_free, self.num_chunks
+        for chunk in chunks:
+            if not 0 <= chunk < n:
+                raise ArenaError(f"chunk {chunk} is outside the arena (0..{n - 1})")
+            if is_free[chunk]:
+                raise ArenaError(f"chunk {chunk} released twice")
+            is_free[chunk] = True
+        self._free += chunks
+
     def check_integrity(self) -> None:
         assert len(set(self._free)) == len(self._free), "a chunk is on the free stack twice"
         assert sorted(self._free) == [c for c in range(self.num_chunks) if self._is_free[c]]
@@ -184,8 +195,9 @@ class ChunkBackedFreeList:
                 by_chunk[chunk] = [page - chunk * ppc]
             else:
                 members.append(page - chunk * ppc)
+        free_local_of, by_used, emptied = self._free_local, self._by_used, []
         for chunk, locals_ in by_chunk.items():
-            free_local = self._free_local.get(chunk)
+            free_local = free_local_of.get(chunk)
             if free_local is None:
                 raise ArenaError(f"{self.name}: pages {locals_} of chunk {chunk}, which this owner does not hold")
             if len(locals_) > 1 or free_local:  # (one page of a full chunk cannot be a double free)
@@ -193,15 +205,17 @@ class ChunkBackedFreeList:
                     raise ArenaError(f"{self.name}: a page of chunk {chunk} freed twice")
             used = ppc - len(free_local)
             if used < ppc:
-                del self._by_used[used][chunk]
+                del by_used[used][chunk]
             free_local += locals_
-            self._num_used -= len(locals_)
             used -= len(locals_)
             if used == 0:
-                del self._free_local[chunk]
-                self.arena.release(chunk)
+                del free_local_of[chunk]
+                emptied.append(chunk)
             else:
-                self._by_used[used][chunk] = None
+                by_used[used][chunk] = None
+        self._num_used -= len(pages)
+        if emptied:  # back to the arena in the order they emptied
+            self.arena.release_many(emptied)
 
     def free(self, page: int) -> None:
         """Return one page; the chunk goes back to the arena when all its pages are free."""

@@ -34,6 +34,7 @@ Rules (the full statement, with examples, is ``docs/prefix_cache.md``):
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import chain
 from typing import Sequence
 
 from atom.config import CacheConfig
@@ -154,13 +155,15 @@ class SlidingWindowPool:
         those that leave the window now and would not be kept (they are freed at once). ``tokens``:
         the publishing request's tokens (with MTP rows, the token after each block is recorded)."""
         blocks, pool = h.swa.blocks, self.pool
-        gone = min(self._window_start(computed), first_block + len(nodes))
-        keep = self._kept_indices(h, first_block, gone)
-        for i, node in enumerate(nodes):
-            j = first_block + i
-            bid = blocks[j] if j < len(blocks) else -1
-            if bid < 0 or (j < gone and j not in keep):
+        end = first_block + len(nodes)
+        gone = max(first_block, min(self._window_start(computed), end))
+        keep = self._kept_indices(h, first_block, gone)  # (all before ``gone``)
+        held = len(blocks)
+        for j in chain(sorted(keep), range(gone, end)):  # ascending: the blocks not freed at once
+            bid = blocks[j] if j < held else -1
+            if bid < 0:
                 continue
+            node = nodes[j - first_block]
             pool.captured[bid] = True
             if not pool.publish(bid, node):
                 continue
