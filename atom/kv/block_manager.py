@@ -423,7 +423,8 @@ class BlockManager:
             self._set_frontier(seq, h.published_upto, -1)  # (a request past its prompt has no entry)
         self.comp.release_all(h)
         self.swa.release_all(h)
-        self.index.unref(h.tip)
+        if h.tip is not None:
+            self.index.unref(h.tip)
         self.slots.give_back(h)
         # the holdings object is dropped with its tables: nothing reads it again
 

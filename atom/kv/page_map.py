@@ -39,6 +39,10 @@ class LogicalPageMap:
     def can_alloc(self, swa: int = 0, compress: int = 0, state: int = 0) -> bool:
         raise NotImplementedError
 
+    def can_alloc_one(self, owner: str, n: int) -> bool:
+        """:meth:`can_alloc` of ``n`` pages of one owner (arenas may answer it more cheaply)."""
+        return self.can_alloc(**{str(owner): n})
+
     def _shortfall(self, swa: int, compress: int, state: int) -> str:
         """Why ``swa`` + ``compress`` + ``state`` new pages do not fit (for the :class:`ArenaEmpty` message)."""
         raise NotImplementedError
@@ -105,9 +109,9 @@ class LogicalPageMap:
         :class:`ArenaEmpty` (changing nothing) when they do not fit. The ids are the pool's vacant
         ones, so they are not checked one by one (``check_integrity`` does)."""
         n = len(lids)
-        counts = {SWA: 0, COMPRESS: 0, STATE: 0}
-        counts[owner] = n
-        if not self.can_alloc(counts[SWA], counts[COMPRESS], counts[STATE]):
+        if not self.can_alloc_one(owner, n):
+            counts = {SWA: 0, COMPRESS: 0, STATE: 0}
+            counts[owner] = n
             raise ArenaEmpty(self._shortfall(counts[SWA], counts[COMPRESS], counts[STATE]))
         pages = self._take_pages(owner, n)
         self._phys[owner].update(zip(lids, pages))

@@ -69,6 +69,12 @@ class UnifiedKvArena(LogicalPageMap):
             return False
         return self.chunks_needed(swa, compress, state) <= self.chunks.num_free()
 
+    def can_alloc_one(self, owner: str, n: int) -> bool:
+        lst = self._lists[owner]
+        if owner == STATE and self._state_pool is not None:  # a reserved pool lends and borrows nothing
+            return n <= lst.available()
+        return lst.chunks_needed(n) <= self.chunks.num_free()
+
     def chunk_used_pages(self, owner: str, page: int) -> int:
         """Pages in use in the chunk holding ``page`` (for chunk-aware eviction)."""
         lst = self._lists[owner]
