@@ -4,8 +4,8 @@ Contract: ``y [T, d]`` (the sub-layer output), ``residual [T, hc, d]`` (the stre
 ``post [T, hc]`` and ``comb [T, hc, hc]`` fp32 (from ``hc_pre``) -> ``h' [T, hc, d]`` of ``residual``'s dtype with
 ``h'_k = post_k * y + sum_j comb[j, k] * residual_j``, accumulated in fp32 in the reference's order (the post
 term first, then ``j = 0, 1, ...``) and cast once. :func:`hc_post_ref` is that loop in torch (``2 + 2 hc`` ops,
-the serving block's ``hc_post_accumulate``); :func:`hc_post` is one Triton launch, one program per (token,
-column tile) holding the ``hc`` rows of the tile. Products and sums are the same fp32 operations in the same
+the serving block's ``hc_post_accumulate``); :func:`hc_post` is one Triton launch, one program per (tile of
+tokens, column tile) holding the ``hc`` rows of each token. Products and sums are the same fp32 operations in the same
 order, so the two are equal unless a GPU compiler fuses a multiply and an add (one rounding fewer).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._common import HAS_TRITON, next_pow2, require_triton, triton, tl
-from .store_rounding import rounded_for
+from .store_rounding import elements_per_program, rounded_for
 
 __all__ = ["hc_post", "hc_post_ref"]
 
@@ -46,20 +46,22 @@ def hc_post_ref(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, com
 if HAS_TRITON:
 
     @triton.jit
-    def _hc_post_kernel(y_ptr, r_ptr, post_ptr, comb_ptr, out_ptr, d, HC: tl.constexpr, BLOCK: tl.constexpr):
-        t = tl.program_id(0).to(tl.int64)
+    def _hc_post_kernel(y_ptr, r_ptr, post_ptr, comb_ptr, out_ptr, tokens, d, HC: tl.constexpr, BLOCK_T: tl.constexpr,
+                        BLOCK: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        ok = col < d
         k = tl.arange(0, HC)
-        y = tl.load(y_ptr + t * d + col, mask=ok, other=0.0).to(tl.float32)
-        post = tl.load(post_ptr + t * HC + k)
-        acc = post[:, None] * y[None, :]
+        live = t < tokens
+        ok = live[:, None] & (col < d)[None, :]
+        y = tl.load(y_ptr + t[:, None] * d + col[None, :], mask=ok, other=0.0).to(tl.float32)
+        post = tl.load(post_ptr + t[:, None] * HC + k[None, :], mask=live[:, None], other=0.0)
+        acc = post[:, :, None] * y[:, None, :]
         for j in tl.static_range(HC):
-            r = tl.load(r_ptr + (t * HC + j) * d + col, mask=ok, other=0.0).to(tl.float32)
-            c = tl.load(comb_ptr + (t * HC + j) * HC + k)
-            acc += c[:, None] * r[None, :]
-        offs = (t * HC + k[:, None]) * d + col[None, :]
-        tl.store(out_ptr + offs, rounded_for(acc, out_ptr.dtype.element_ty), mask=ok[None, :] & (k[:, None] < HC))
+            r = tl.load(r_ptr + (t[:, None] * HC + j) * d + col[None, :], mask=ok, other=0.0).to(tl.float32)
+            c = tl.load(comb_ptr + (t[:, None] * HC + j) * HC + k[None, :], mask=live[:, None], other=0.0)
+            acc += c[:, :, None] * r[:, None, :]
+        offs = (t[:, None, None] * HC + k[None, :, None]) * d + col[None, None, :]
+        tl.store(out_ptr + offs, rounded_for(acc, out_ptr.dtype.element_ty), mask=ok[:, None, :])
 
 
 def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
@@ -75,6 +77,7 @@ def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: t
     out = torch.empty_like(r)
     if t and d:
         block = min(1024, next_pow2(d))
-        _hc_post_kernel[(t, triton.cdiv(d, block))](y.contiguous(), r, post.contiguous(), comb.contiguous(), out, d,
-                                                    HC=hc, BLOCK=block)
+        block_t = max(1, min(next_pow2(t), elements_per_program(r.device) // (hc * block)))
+        _hc_post_kernel[(triton.cdiv(t, block_t), triton.cdiv(d, block))](
+            y.contiguous(), r, post.contiguous(), comb.contiguous(), out, t, d, HC=hc, BLOCK_T=block_t, BLOCK=block)
     return out

@@ -11,7 +11,8 @@ reference ``Gate``'s rule:
 * ``weights = scores[idx]``, divided by their sum unless ``softmax``, times ``route_scale``.
 
 :func:`moe_route_ref` is the reference's torch arithmetic (about eight ops after the GEMM); :func:`moe_route` is
-one Triton program per token with the ``E`` scores in registers and ``k`` rounds of arg-max. ``exp`` / ``log``
+one Triton launch, each program a tile of tokens with their ``E`` scores in registers and ``k`` rounds of
+arg-max. ``exp`` / ``log``
 may differ from torch's in the last bit of fp32, and the kernel's softplus is ``log(1 + exp(x))`` where torch's
 uses ``log1p`` (a relative difference near fp32's epsilon for very negative logits).
 """
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import HAS_TRITON, next_pow2, require_triton, triton, tl
+from .store_rounding import elements_per_program
 
 __all__ = ["moe_route", "moe_route_ref", "SCORE_FUNCS"]
 
@@ -72,16 +74,18 @@ def moe_route_ref(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: tor
 if HAS_TRITON:
 
     @triton.jit
-    def _moe_route_kernel(logit_ptr, bias_ptr, hash_ptr, w_ptr, idx_ptr, n_experts, route_scale,
-                          K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, FUNC: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, HASHED: tl.constexpr):
-        t = tl.program_id(0).to(tl.int64)
+    def _moe_route_kernel(logit_ptr, bias_ptr, hash_ptr, w_ptr, idx_ptr, tokens, n_experts, route_scale,
+                          K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                          FUNC: tl.constexpr, HAS_BIAS: tl.constexpr, HASHED: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         e = tl.arange(0, E_PAD)
-        live = e < n_experts
-        x = tl.load(logit_ptr + t * n_experts + e, mask=live, other=float("-inf"))
+        tok = t < tokens
+        live = (e < n_experts)[None, :]
+        x = tl.load(logit_ptr + t[:, None] * n_experts + e[None, :], mask=tok[:, None] & live, other=0.0)
+        x = tl.where(live, x, float("-inf"))
         if FUNC == 0:  # softmax
-            p = tl.exp(x - tl.max(x, axis=0))
-            scores = p / tl.sum(p, axis=0)
+            p = tl.exp(x - tl.max(x, axis=1)[:, None])
+            scores = p / tl.sum(p, axis=1)[:, None]
         elif FUNC == 1:  # sigmoid
             scores = tl.sigmoid(x)
         else:  # sqrt(softplus)
@@ -90,25 +94,26 @@ if HAS_TRITON:
         scores = tl.where(live, scores, 0.0)
         biased = scores
         if HAS_BIAS:
-            biased = scores + tl.load(bias_ptr + e, mask=live, other=0.0)
+            biased = scores + tl.load(bias_ptr + e, mask=e < n_experts, other=0.0)[None, :]
         biased = tl.where(live, biased, float("-inf"))
-        kk = tl.arange(0, K_PAD)
-        w = tl.zeros((K_PAD,), tl.float32)
-        ids = tl.zeros((K_PAD,), tl.int64)
+        kk = tl.arange(0, K_PAD)[None, :]
+        w = tl.zeros((BLOCK_T, K_PAD), tl.float32)
+        ids = tl.zeros((BLOCK_T, K_PAD), tl.int64)
         for i in tl.static_range(K):
             if HASHED:
-                j = tl.load(hash_ptr + t * K + i).to(tl.int32)
+                j = tl.load(hash_ptr + t * K + i, mask=tok, other=0).to(tl.int32)
             else:
-                best = tl.max(biased, axis=0)
-                j = tl.min(tl.where(biased == best, e, E_PAD), axis=0)
-                biased = tl.where(e == j, float("-inf"), biased)
-            wj = tl.sum(tl.where(e == j, scores, 0.0), axis=0)
-            w = tl.where(kk == i, wj, w)
-            ids = tl.where(kk == i, j.to(tl.int64), ids)
+                best = tl.max(biased, axis=1)
+                j = tl.min(tl.where(biased == best[:, None], e[None, :], E_PAD), axis=1)
+                biased = tl.where(e[None, :] == j[:, None], float("-inf"), biased)
+            wj = tl.sum(tl.where(e[None, :] == j[:, None], scores, 0.0), axis=1)
+            w = tl.where(kk == i, wj[:, None], w)
+            ids = tl.where(kk == i, j.to(tl.int64)[:, None], ids)
         if FUNC != 0:
-            w = w / tl.sum(w, axis=0)
-        tl.store(w_ptr + t * K + kk, w * route_scale, mask=kk < K)
-        tl.store(idx_ptr + t * K + kk, ids, mask=kk < K)
+            w = w / tl.sum(w, axis=1)[:, None]
+        ok = tok[:, None] & (kk < K)
+        tl.store(w_ptr + t[:, None] * K + kk, w * route_scale, mask=ok)
+        tl.store(idx_ptr + t[:, None] * K + kk, ids, mask=ok)
 
 
 def moe_route(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.Tensor | None, topk: int,
@@ -124,8 +129,10 @@ def moe_route(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.T
     w = torch.empty(t, topk, dtype=torch.float32, device=lg.device)
     idx = torch.empty(t, topk, dtype=torch.int64, device=lg.device)
     if t:
-        _moe_route_kernel[(t,)](lg, lg if bias is None else bias.contiguous(),
-                                lg if hash_idx is None else hash_idx.contiguous(), w, idx, e, route_scale,
-                                K=topk, K_PAD=next_pow2(topk), E_PAD=next_pow2(e), FUNC=SCORE_FUNCS.index(score_func),
-                                HAS_BIAS=bias is not None, HASHED=hash_idx is not None)
+        e_pad = next_pow2(e)
+        block_t = max(1, min(next_pow2(t), elements_per_program(lg.device) // (4 * e_pad)))
+        _moe_route_kernel[(triton.cdiv(t, block_t),)](
+            lg, lg if bias is None else bias.contiguous(), lg if hash_idx is None else hash_idx.contiguous(), w, idx, t,
+            e, route_scale, K=topk, K_PAD=next_pow2(topk), E_PAD=e_pad, BLOCK_T=block_t,
+            FUNC=SCORE_FUNCS.index(score_func), HAS_BIAS=bias is not None, HASHED=hash_idx is not None)
     return w, idx

@@ -4,8 +4,8 @@ Contract: ``x [..., D]`` (fp32 / bf16 / fp16, inner dim contiguous), ``weight [D
 norm and mHC's input norm carry no weight), ``eps`` a float >= 0 -> a new tensor of ``x``'s shape and dtype.
 The reference model's ``RMSNorm`` (weight) and ``rms_normalize(x.float(), eps).to(x.dtype)`` (no weight) are
 this contract; :func:`rms_norm_ref` is that arithmetic in torch. The torch version is about eight ops
-(cast, square, mean, add, rsqrt, two multiplies, cast); :func:`rms_norm` is one Triton program per row with
-the row in registers. The sum of squares is reduced in a tree inside the program, torch's mean in its own
+(cast, square, mean, add, rsqrt, two multiplies, cast); :func:`rms_norm` is one Triton launch, each program a
+tile of whole rows in registers. The sum of squares is reduced in a tree inside the program, torch's mean in its own
 order, so the two agree to the last bit or two of fp32 (the kernel tests bound it).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._common import HAS_TRITON, next_pow2, require_triton, triton, tl
-from .store_rounding import rounded_for
+from .store_rounding import elements_per_program, rounded_for
 
 __all__ = ["rms_norm", "rms_norm_ref"]
 
@@ -48,16 +48,18 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> to
 if HAS_TRITON:
 
     @triton.jit
-    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, width, eps, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, rows, width, eps, HAS_WEIGHT: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         col = tl.arange(0, BLOCK)
-        ok = col < width
-        x = tl.load(x_ptr + row * width + col, mask=ok, other=0.0).to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / width + eps)
-        y = x * inv
+        ok = (row < rows)[:, None] & (col < width)[None, :]
+        offs = row[:, None] * width + col[None, :]
+        x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / width + eps)
+        y = x * inv[:, None]
         if HAS_WEIGHT:
-            y = y * tl.load(w_ptr + col, mask=ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * width + col, rounded_for(y, out_ptr.dtype.element_ty), mask=ok)
+            y = y * tl.load(w_ptr + col, mask=col < width, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs, rounded_for(y, out_ptr.dtype.element_ty), mask=ok)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -72,5 +74,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     rows = xc.numel() // width
     if rows:
         w = xc if weight is None else weight.contiguous()  # an unused pointer when there is no weight
-        _rms_norm_kernel[(rows,)](xc, w, out, width, eps, HAS_WEIGHT=weight is not None, BLOCK=next_pow2(width))
+        block = next_pow2(width)
+        block_r = max(1, min(next_pow2(rows), elements_per_program(xc.device) // block))
+        _rms_norm_kernel[(triton.cdiv(rows, block_r),)](xc, w, out, rows, width, eps, HAS_WEIGHT=weight is not None,
+                                                         BLOCK_R=block_r, BLOCK=block)
     return out

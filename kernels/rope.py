@@ -5,8 +5,8 @@ Contract: ``x [T, ..., D]`` (fp32 / bf16 / fp16, inner dim contiguous), ``positi
 whose last ``R`` dims are rotated pair by pair, ``(e, o) -> (e c - o s, o c + e s)`` with ``c, s`` the cosine and
 sine of ``position * freq`` (``-position`` when ``inverse``), computed in fp32 and cast once; the other dims
 are copied. :func:`rope_ref` is the reference's torch arithmetic (the angle tables, a slice, a pair swap, two
-multiplies, an add and a concatenation); :func:`rope` is one Triton launch, one program per (token, tile of
-heads), computing the angles in registers. ``cos`` / ``sin`` may differ from torch's in the last bit of fp32.
+multiplies, an add and a concatenation); :func:`rope` is one Triton launch, each program a tile of
+(token, head) rows, computing the angles in registers. ``cos`` / ``sin`` may differ from torch's in the last bit of fp32.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._common import HAS_TRITON, next_pow2, require_triton, triton, tl
-from .store_rounding import rounded_for
+from .store_rounding import elements_per_program, rounded_for
 
 __all__ = ["rope", "rope_ref"]
 
@@ -56,27 +56,27 @@ def rope_ref(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inve
 if HAS_TRITON:
 
     @triton.jit
-    def _rope_kernel(x_ptr, pos_ptr, freq_ptr, out_ptr, heads, width, rope_dim, sign,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-        t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    def _rope_kernel(x_ptr, pos_ptr, freq_ptr, out_ptr, rows, heads, width, rope_dim, sign,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # rows of [T * heads, width]
         col = tl.arange(0, BLOCK_D)
         first = width - rope_dim
         rel = tl.maximum(col - first, 0)
         odd = rel % 2
         rotated = (col >= first) & (col < width)
-        ok = (h[:, None] < heads) & (col[None, :] < width)
-        base = (t * heads + h[:, None]) * width
+        live = r < rows
+        ok = live[:, None] & (col[None, :] < width)
+        base = r[:, None] * width
         x = tl.load(x_ptr + base + col[None, :], mask=ok, other=0.0).to(tl.float32)
         partner = tl.where(rotated, col + 1 - 2 * odd, col)
         xp = tl.load(x_ptr + base + partner[None, :], mask=ok, other=0.0).to(tl.float32)
-        pos = tl.load(pos_ptr + t).to(tl.float32)
+        pos = tl.load(pos_ptr + r // heads, mask=live, other=0).to(tl.float32)
         freq = tl.load(freq_ptr + rel // 2, mask=rotated, other=0.0)
-        angle = pos * freq
+        angle = pos[:, None] * freq[None, :]
         c = tl.cos(angle)
         s = tl.sin(angle) * sign
-        s = tl.where(odd == 1, s, -s)
-        rot = x * c[None, :] + xp * s[None, :]
+        s = tl.where((odd == 1)[None, :], s, -s)
+        rot = x * c + xp * s
         y = tl.where(rotated[None, :], rot, x)
         tl.store(out_ptr + base + col[None, :], rounded_for(y, out_ptr.dtype.element_ty), mask=ok)
 
@@ -92,9 +92,10 @@ def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse:
     t, width = xc.shape[0], xc.shape[-1]
     heads = xc.numel() // max(t * width, 1)
     if xc.numel():
+        rows = t * heads
         block_d = next_pow2(width)
-        block_h = max(1, min(next_pow2(heads), 4096 // block_d))
-        _rope_kernel[(t, triton.cdiv(heads, block_h))](xc, positions.contiguous(), freqs.contiguous(), out, heads,
-                                                       width, 2 * freqs.shape[0], -1.0 if inverse else 1.0,
-                                                       BLOCK_H=block_h, BLOCK_D=block_d)
+        block_r = max(1, min(next_pow2(rows), elements_per_program(xc.device) // block_d))
+        _rope_kernel[(triton.cdiv(rows, block_r),)](xc, positions.contiguous(), freqs.contiguous(), out, rows, heads,
+                                                    width, 2 * freqs.shape[0], -1.0 if inverse else 1.0,
+                                                    BLOCK_R=block_r, BLOCK_D=block_d)
     return out
