@@ -39,7 +39,7 @@ from atom.config import load_hf_config
 from .config import DeepseekV4Config
 from .layers import Linear
 from .model import DeepseekV4Model, ModelWeights
-from .module_copy import fresh_copy
+from .module_copy import ModuleTemplate
 from .quant import dequantize_fp8_weight, dequantize_mxfp4_weight
 from .shard_reader import CheckpointError, ShardFile, TensorEntry, read_header
 
@@ -175,11 +175,11 @@ def _plan_formats(model: ModelWeights, index: CheckpointIndex, keep_quantized: b
     """Give each Linear its stored format; return the weight names to dequantize while loading.
 
     A plain ``Linear`` whose twin (same sizes, dtype, device and format) was already formatted is replaced by a
-    fresh copy of it (:func:`fresh_copy`, what ``set_format`` would make, at a fraction of the cost: the routed
+    fresh copy of it (:class:`ModuleTemplate`, what ``set_format`` would make, at a fraction of the cost: the routed
     experts are thousands of such twins)."""
     dequant: set[str] = set()
     modules = dict(model.named_modules())
-    twins: dict[tuple, Linear] = {}
+    twins: dict[tuple, ModuleTemplate] = {}
     for path, mod in modules.items():
         if not isinstance(mod, Linear) or f"{path}.scale" not in index or f"{path}.weight" not in index:
             continue
@@ -196,10 +196,10 @@ def _plan_formats(model: ModelWeights, index: CheckpointIndex, keep_quantized: b
         if twin is None:
             mod.set_format(fmt, act_quant=model.cfg.quant_sim)
             if type(mod) is Linear:
-                twins[key] = mod
+                twins[key] = ModuleTemplate(mod)
         else:
             owner, _, attr = path.rpartition(".")
-            modules[owner]._modules[attr] = fresh_copy(twin)
+            modules[owner]._modules[attr] = twin.make()
     return dequant
 
 

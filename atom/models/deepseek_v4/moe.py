@@ -21,7 +21,7 @@ from atom.comm import SINGLE_RANK, Comm
 
 from .config import DeepseekV4Config
 from .layers import Linear
-from .module_copy import fresh_copy
+from .module_copy import ModuleTemplate
 
 
 class Gate(nn.Module):
@@ -101,7 +101,8 @@ class MoEWeights(nn.Module):
         kw = dict(dtype=dtype, device=device)
         self.gate = Gate(cfg, layer_id, **kw)
         first = Expert(cfg, **kw)  # the others are fresh copies: the same modules, built far faster
-        self.experts = nn.ModuleList(first if i == 0 else fresh_copy(first) for i in range(cfg.n_routed_experts))
+        template = ModuleTemplate(first)
+        self.experts = nn.ModuleList(first if i == 0 else template.make() for i in range(cfg.n_routed_experts))
         self.shared_experts = Expert(cfg, **kw)
         self.expert_range = range(cfg.n_routed_experts)
         self.comm: Comm = SINGLE_RANK
