@@ -92,3 +92,12 @@ def test_loading_pauses_the_cyclic_collector_and_restores_its_state(tmp_path, mo
         assert not gc.isenabled()  # it was off before, so it stays off
     finally:
         gc.enable()
+
+
+def test_a_template_makes_copies_that_share_no_tensor_module_or_hook_dict():
+    from atom.models.deepseek_v4.module_copy import ModuleTemplate
+
+    template = ModuleTemplate(Expert(DeepseekV4Config.tiny(), device="meta"))
+    a, b = template.make(), template.make()
+    assert _layout(a) == _layout(b) and a is not b and a.w1 is not b.w1 and a.w1.weight is not b.w1.weight
+    assert a._forward_hooks is not b._forward_hooks and a.w1._parameters is not b.w1._parameters
