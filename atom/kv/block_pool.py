@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from itertools import chain
-from typing import Callable, Collection, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 from atom.kv.page_map import LogicalPageMap, Owner
 from atom.kv.prefix_index import PrefixIndex, PrefixNode
@@ -137,8 +137,9 @@ class BlockPool:
         an unpublished one is freed at once."""
         self.release_many([block_id], keep)
 
-    def release_many(self, block_ids: list[int], keep: bool = True) -> None:
-        """:meth:`release` of each id, in order (the earlier ones become the older cache entries)."""
+    def release_many(self, block_ids: Iterable[int], keep: bool = True) -> None:
+        """:meth:`release` of each id, in order (the earlier ones become the older cache entries);
+        ``block_ids`` is read once."""
         ref = self.ref
         if not keep:
             gone = []
@@ -151,14 +152,15 @@ class BlockPool:
                 self._free_many(gone)
             return
         nodes, kept, unpublished = self.node, [], []
+        cache, free = kept.append, unpublished.append
         for bid in block_ids:  # one pass: drop the reference, sort the ids it was the last of
             r = ref[bid] - 1
             ref[bid] = r
             if not r:
                 if nodes[bid] is None:
-                    unpublished.append(bid)
+                    free(bid)
                 else:
-                    kept.append(bid)
+                    cache(bid)
         if unpublished:
             self._free_unpublished(unpublished)
         if not kept:

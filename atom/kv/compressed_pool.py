@@ -61,4 +61,4 @@ class CompressedPool:
 
     def release_all(self, h: KvHoldings) -> None:
         """Release every block, the last first."""
-        self.pool.release_many(h.comp.blocks[::-1], keep=self.keep_cached)
+        self.pool.release_many(reversed(h.comp.blocks), keep=self.keep_cached)

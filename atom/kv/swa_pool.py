@@ -211,8 +211,7 @@ class SlidingWindowPool:
     def release_all(self, h: KvHoldings) -> None:
         """Release every block held; published ones stay cached (the resumable tail)."""
         held = h.swa.blocks[h.swa_released_upto:]  # entries before it are -1 (released)
-        held.reverse()
-        self.pool.release_many([bid for bid in held if bid >= 0], keep=True)
+        self.pool.release_many([bid for bid in reversed(held) if bid >= 0], keep=True)
 
     # ---- pins ---------------------------------------------------------------------------------
     def _is_checkpoint(self, j: int, num_prompt_tokens: int) -> bool:
