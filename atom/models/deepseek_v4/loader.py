@@ -204,10 +204,10 @@ def _plan_formats(model: ModelWeights, index: CheckpointIndex, keep_quantized: b
 
 
 def named_tensors(model: nn.Module, modules: dict[str, nn.Module] | None = None) -> dict[str, torch.Tensor]:
-    """``model.state_dict(keep_vars=True)`` without its per-module hook machinery (a third of the cost on a model of 23,000
-    modules): every parameter and persistent buffer that is not None, under its dotted name. The model's
-    modules define no state-dict hooks or extra state, for which the two would differ. ``modules``: the model's
-    ``dict(named_modules())`` when the caller has it (a walk over 23,000 modules saved)."""
+    """``model.state_dict(keep_vars=True)`` without its per-module hook machinery (a third of the cost on a
+    model of 23,000 modules): every parameter and persistent buffer that is not None, under its dotted name.
+    The model's modules define no state-dict hooks or extra state, for which the two would differ.
+    ``modules``: the model's ``dict(named_modules())`` when the caller has it (a walk over them saved)."""
     out: dict[str, torch.Tensor] = {}
     for path, mod in (modules if modules is not None else dict(model.named_modules())).items():
         prefix = f"{path}." if path else ""
