@@ -1,6 +1,7 @@
 """The serving model's MoE sub-layer: the reference's parameters (:class:`MoEWeights`), its own dispatch.
 
-Routing is the reference's (``Gate``: the same scores, the same top-k or hash picks). The routed experts
+Routing is the reference's (``Gate``: the same scores, the same top-k or hash picks); on a GPU backend the
+router GEMM is followed by one ``moe_route`` launch, and the shared expert's SwiGLU is one ``swiglu`` launch. The routed experts
 run through the ``fused_moe`` kernel op (:mod:`atom.kernels.fused_moe`): the (token, expert) pairs sorted
 by expert on the device, one grouped GEMM for ``w1`` / ``w3`` with the clamped SwiGLU and the routing
 weight, one for ``w2`` with the combine, dense, FP8 or MXFP4 experts alike. The op takes the held experts'
@@ -28,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
 from atom.models.deepseek_v4.layers import Linear
 from atom.models.deepseek_v4.moe import Expert, MoEWeights
@@ -43,6 +45,7 @@ class ServingMoE(MoEWeights):
     _fused: Callable[..., torch.Tensor] | None = None
     _fused_source = "torch"
     _swiglu: Callable[..., torch.Tensor] | None = None
+    _route: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     #: set by ``shard_model`` under data-parallel attention: the dispatch/combine of the routed rows (an
     #: ``atom.parallel.expert_exchange.ExpertExchange``; not imported here: the model does not depend on the
     #: package that shards it)
@@ -54,6 +57,7 @@ class ServingMoE(MoEWeights):
         self._fused_source = "torch" if kernels is None else kernels.sources["fused_moe"]
         gpu = kernels is not None and kernels.sources["swiglu"] != "torch"
         self._swiglu = kernels.swiglu if gpu else None
+        self._route = kernels.moe_route if gpu else None
 
     def _held(self) -> list[Expert]:
         return [self.experts[e] for e in self.expert_range]
@@ -104,7 +108,7 @@ class ServingMoE(MoEWeights):
         """Each token adds its experts' outputs (ascending expert order in the torch reference), then the
         shared expert's. Under data-parallel attention (:attr:`exchange` set) the rows are routed here and
         the experts run on the ranks that hold them (:meth:`ExpertExchange.run_experts`)."""
-        weights, idx = self.gate(x, token_ids)
+        weights, idx = self.route(x, token_ids)
         if self.exchange is not None:
             return self.with_shared(x, self.exchange.run_experts(x, weights, idx, self.held_routed))
         return self.with_shared(x, self.held_routed(x, weights, idx))
@@ -141,3 +145,14 @@ class ServingMoE(MoEWeights):
         ex = self.shared_experts
         h = self._swiglu(ex.w1(x), ex.w3(x), float(ex.limit), x.dtype)
         return self.comm.all_reduce(routed + ex.w2(h).float()).to(x.dtype)
+
+    def route(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gate's ``(weights [T, k], idx [T, k])``; on a GPU backend the router GEMM then one ``moe_route``
+        launch (scores, top-k or hash picks, normalised weights) instead of the reference's chain of ops."""
+        g = self.gate
+        if self._route is None:
+            return g(x, token_ids)
+        logits = F.linear(x.float(), g.weight.float())
+        hashed = g.tid2eid[token_ids] if g.hash else None
+        bias = None if g.hash else g.bias.float()
+        return self._route(logits, bias, hashed, g.topk, g.cfg.score_func, float(g.cfg.route_scale))
