@@ -1,7 +1,7 @@
 """Fresh copies of an uninitialised module: what building it again would give, for a fraction of the cost.
 
 A checkpoint of the release layout holds thousands of routed experts per model (35,000 tensors at 828 experts per
-block), each an ``Expert`` of three ``Linear``\s. Building one through its ``__init__`` costs about 70 us of
+block), each an ``Expert`` of three Linears. Building one through its ``__init__`` costs about 70 us of
 Python (``nn.Module.__setattr__`` checks every attribute it sets), so building the model on ``meta`` took longer
 than reading a checkpoint of small tensors. Every parameter of these modules is ``torch.empty`` (never
 initialised), so a copy whose tensors are new ``torch.empty`` tensors of the original's shapes, dtypes and devices
