@@ -195,14 +195,15 @@ class ChunkBackedFreeList:
                 by_chunk[chunk] = [page - chunk * ppc]
             else:
                 members.append(page - chunk * ppc)
+        if len(set(pages)) != len(pages):
+            raise ArenaError(f"{self.name}: a page freed twice in one call")
         free_local_of, by_used, emptied = self._free_local, self._by_used, []
         for chunk, locals_ in by_chunk.items():
             free_local = free_local_of.get(chunk)
             if free_local is None:
                 raise ArenaError(f"{self.name}: pages {locals_} of chunk {chunk}, which this owner does not hold")
-            if len(locals_) > 1 or free_local:  # (one page of a full chunk cannot be a double free)
-                if len(set(locals_).union(free_local)) != len(locals_) + len(free_local):
-                    raise ArenaError(f"{self.name}: a page of chunk {chunk} freed twice")
+            if free_local and not set(free_local).isdisjoint(locals_):  # (a full chunk has none free)
+                raise ArenaError(f"{self.name}: a page of chunk {chunk} freed twice")
             used = ppc - len(free_local)
             if used < ppc:
                 del by_used[used][chunk]

@@ -17,7 +17,7 @@ state owner draws from a pool of that many pages outside the chunks instead.
 
 from __future__ import annotations
 
-from atom.kv.chunk_arena import ChunkArena, ChunkBackedFreeList
+from atom.kv.chunk_arena import ArenaError, ChunkArena, ChunkBackedFreeList
 from atom.kv.kv_layout import KvLayout
 from atom.kv.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
 
@@ -121,6 +121,12 @@ class UnifiedKvArena(LogicalPageMap):
 
     def _take_pages(self, owner: str, n: int) -> list[int]:
         return self._lists[owner].pop_many(n)
+
+    def free_one(self, owner: str, lid: int) -> None:
+        page = self._phys[owner].pop(lid, None)  # (as LogicalPageMap.free_one, one call less)
+        if page is None:
+            raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
+        self._lists[owner].free(page)
 
     def _give_back_pages(self, owner: str, pages: list[int]) -> None:
         if len(pages) == 1:  # one call less
