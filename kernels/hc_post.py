@@ -23,8 +23,8 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def _check(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> None:
     if not isinstance(residual, torch.Tensor) or residual.dim() != 3 or residual.dtype not in _DTYPES:
-        raise ValueError(f"residual must be a [T, hc, d] fp32/bf16/fp16 tensor, got "
-                         f"{getattr(residual, 'dtype', type(residual).__name__)} {tuple(getattr(residual, 'shape', ()))}")
+        got = f"{getattr(residual, 'dtype', type(residual).__name__)} {tuple(getattr(residual, 'shape', ()))}"
+        raise ValueError(f"residual must be a [T, hc, d] fp32/bf16/fp16 tensor, got {got}")
     t, hc, d = residual.shape
     if not isinstance(y, torch.Tensor) or y.shape != (t, d) or y.dtype not in _DTYPES:
         raise ValueError(f"y must be a [{t}, {d}] fp32/bf16/fp16 tensor, got {tuple(getattr(y, 'shape', ()))}")

@@ -6,7 +6,8 @@ whose last ``R`` dims are rotated pair by pair, ``(e, o) -> (e c - o s, o c + e 
 sine of ``position * freq`` (``-position`` when ``inverse``), computed in fp32 and cast once; the other dims
 are copied. :func:`rope_ref` is the reference's torch arithmetic (the angle tables, a slice, a pair swap, two
 multiplies, an add and a concatenation); :func:`rope` is one Triton launch, each program a tile of
-(token, head) rows, computing the angles in registers. ``cos`` / ``sin`` may differ from torch's in the last bit of fp32.
+(token, head) rows, computing the angles in registers. ``cos`` / ``sin`` may differ from torch's in the last bit
+of fp32.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def test_hc_pre_kernel_equals_its_reference_and_the_model(tokens, width, dtype, 
     for got_part, model_part in zip(want, model_hc_pre(h, fn, scale, base, 20, 1e-6, 1e-6)):
         assert torch.equal(got_part, model_part)
     for got_part, want_part in zip(hc_pre(h, fn, scale, base, 20, 1e-6, 1e-6), want):
-        torch.testing.assert_close(got_part, want_part, **(tol(dtype) if got_part.dtype == dtype else tol(torch.float32)))
+        torch.testing.assert_close(got_part, want_part, **tol(got_part.dtype))
 
 
 def test_each_small_op_is_one_launch_and_nothing_else(gen):

@@ -45,9 +45,9 @@ class ServingBlock(BlockWeights):
     ffn: ServingMoE
 
     def small_ops(self) -> KernelSet | None:
-        """The kernel set whose fused small ops (RMSNorm, RoPE, ``hc_pre``, ``hc_post``) this block runs: the arena's on a
-        GPU backend; None on the torch backend, which keeps the reference's torch arithmetic op for op (the
-        CPU engine is compared with the reference model value for value)."""
+        """The kernel set whose fused small ops (RMSNorm, RoPE, ``hc_pre``, ``hc_post``) this block runs: the
+        arena's on a GPU backend; None on the torch backend, which keeps the reference's torch arithmetic op for
+        op (the CPU engine is compared with the reference model value for value)."""
         k = self.attn.k
         return None if k is None or k.sources["rms_norm"] == "torch" else k
 

@@ -1,9 +1,9 @@
 """The serving model's MoE sub-layer: the reference's parameters (:class:`MoEWeights`), its own dispatch.
 
 Routing is the reference's (``Gate``: the same scores, the same top-k or hash picks); on a GPU backend the
-router GEMM is followed by one ``moe_route`` launch, and the shared expert's SwiGLU is one ``swiglu`` launch. The routed experts
-run through the ``fused_moe`` kernel op (:mod:`atom.kernels.fused_moe`): the (token, expert) pairs sorted
-by expert on the device, one grouped GEMM for ``w1`` / ``w3`` with the clamped SwiGLU and the routing
+router GEMM is followed by one ``moe_route`` launch, and the shared expert's SwiGLU is one ``swiglu`` launch.
+The routed experts run through the ``fused_moe`` kernel op (:mod:`atom.kernels.fused_moe`): the (token, expert)
+pairs sorted by expert on the device, one grouped GEMM for ``w1`` / ``w3`` with the clamped SwiGLU and the routing
 weight, one for ``w2`` with the combine, dense, FP8 or MXFP4 experts alike. The op takes the held experts'
 weights stacked: on the first forward (and again if the parameters are replaced) each projection's weights
 and scales are stacked once and every expert's parameters become views of the stack, so the stack costs no
