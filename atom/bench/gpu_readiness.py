@@ -17,7 +17,12 @@ drafting):
 
 Cases: decode at batch 1, 8 and 64 of Flash and Pro, a 2,048-token prefill chunk, a mixed step (one chunk
 and decodes), an MTP draft + verify step, decode with mixed sampling parameters (seeded, top-p, penalties,
-logit_bias, logprobs). ``--stacks N`` prints the N most frequent code sites of each counted kind.
+logit_bias, logprobs), and both ranks of a 2-rank tensor-parallel group (Flash sharded by
+:func:`atom.parallel.sharding.shard_model`, ``moe_inter_dim`` 64 so each rank holds whole MXFP4 groups of
+32 inputs) decoding at batch 8: two spawned processes joined by a gloo group, whose collectives on fake
+tensors are shape-only (no data moves, nothing is counted); each rank runs the same engine steps (fake
+reads give both the same tokens) and counts its own. ``--stacks N`` prints the N most frequent code sites
+of each counted kind.
 
 The last line is ``h2d=<int> syncs=<int> data_dependent=<int> graph_equal=<0|1>
 width_follows_context=<0|1>``: the first three summed over the cases; the last two are the results of the
@@ -28,6 +33,10 @@ run's tokens) and of the index-width check (:func:`graph_checks`, run on the CPU
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import queue
+import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -37,6 +46,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from atom.bench.fake_device import DeviceAccessCounter, fake_cuda, to_fake_cuda
 from atom.bench.forward import thin_config
+from atom.comm import Comm
 from atom.config import CacheConfig, SchedulerConfig
 from atom.kv.block_manager import BlockManager
 from atom.kv.kv_layout import plan_kv_layout
@@ -47,10 +57,12 @@ from atom.models.deepseek_v4.checkpoint import release_format
 from atom.models.deepseek_v4.layers import Linear
 from atom.models.deepseek_v4.loader import _DEQUANT_ON_LOAD as DEQUANT_ON_LOAD
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
+from atom.parallel.shard_plan import ShardPlan
+from atom.parallel.sharding import shard_model
 from atom.sampling_params import SamplingParams
 from atom.spec_decode.draft_source import RunnerDrafts
 
-__all__ = ["CASES", "Case", "release_model", "run_case", "main"]
+__all__ = ["CASES", "Case", "release_meta_model", "release_model", "run_case", "run_tp_case", "main"]
 
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
 MIXED = (
@@ -67,7 +79,8 @@ MIXED = (
 class Case:
     """One measured step: ``model`` (flash / pro), the ``prompts`` lengths admitted first, how many steps run
     before the measured one (``warm``), the sampling parameters (cycled over requests), the token budget
-    and the number of MTP drafts."""
+    and the number of MTP drafts; ``tp`` > 1: every rank of a tensor-parallel group of that size runs it
+    (:func:`run_tp_case`)."""
 
     name: str
     model: str
@@ -76,6 +89,7 @@ class Case:
     params: tuple[SamplingParams, ...] = (GREEDY,)
     budget: int = 0
     drafts: int = 0
+    tp: int = 1
 
 
 CASES = (
@@ -89,21 +103,33 @@ CASES = (
     Case("pro decode b1", "pro", (40,), 1),
     Case("pro decode b8", "pro", (40,) * 8, 1),
     Case("pro decode b64", "pro", (40,) * 64, 1),
+    Case("flash tp2 decode b8", "flash", (40,) * 8, 1, tp=2),
 )
+TP_TIMEOUT_S = 900  # a rank's whole run (start-up, model, steps)
 
 
 def release_model(kind: str, mode: FakeTensorMode, *, mtp: bool = False) -> DeepseekV4ForServing:
-    """The thin ``kind`` model in the release format (FP8 linears, MXFP4 routed experts, each Linear in the
-    format the loader gives a release checkpoint's tensor), ``quant_sim`` on, with fake weights on ``cuda``."""
+    """The thin ``kind`` model in the release format (:func:`release_meta_model`) with fake weights on ``cuda``."""
+    return to_fake_cuda(release_meta_model(kind, mtp=mtp), mode).eval()
+
+
+def release_meta_model(kind: str, *, mtp: bool = False, rank: int = 0, tp: int = 1, comm: Comm | None = None
+                       ) -> DeepseekV4ForServing:
+    """The thin ``kind`` model on ``meta`` in the release format (FP8 linears, MXFP4 routed experts, each
+    Linear in the format the loader gives a release checkpoint's tensor), ``quant_sim`` on; ``tp`` > 1:
+    rank ``rank``'s shard, its layers combining over ``comm`` (sharded outside fake tensors: the shard's
+    ``to_empty`` swaps parameters, which fake tensors refuse)."""
     cfg = thin_config(kind)
-    cfg = cfg.replace(moe_inter_dim=32, n_mtp_layers=1 if mtp else 0, quant_sim=True,
+    cfg = cfg.replace(moe_inter_dim=32 * tp, n_mtp_layers=1 if mtp else 0, quant_sim=True,
                       compress_ratios=cfg.compress_ratios + ((0,) if mtp else ()))  # the MTP layer is SWA
     model = DeepseekV4ForServing(cfg, device="meta")
     for path, module in model.named_modules():
         fmt = release_format(f"{path}.weight", fp8=True, fp4_experts=True)
         if isinstance(module, Linear) and fmt != "dense" and not DEQUANT_ON_LOAD.search(path):
             module.set_format(fmt, act_quant=True)
-    return to_fake_cuda(model, mode).eval()
+    if tp > 1:
+        shard_model(model, ShardPlan(rank, tp, n_experts=cfg.n_routed_experts), comm, "meta")
+    return model
 
 
 def _engine(model: DeepseekV4ForServing, case: Case, max_model_len: int) -> LLMEngine:
@@ -139,6 +165,48 @@ def run_case(case: Case, model: DeepseekV4ForServing) -> DeviceAccessCounter:
     return counter
 
 
+def _tp_rank(rank: int, case: Case, init_method: str, results: "multiprocessing.Queue") -> None:
+    """One rank of ``case``'s tensor-parallel group, in a spawned process: its shard on fake ``cuda``,
+    the case's steps, the counted step's accesses put on ``results`` as ``(rank, accesses)``."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=case.tp)
+    try:
+        meta = release_meta_model(case.model, mtp=bool(case.drafts), rank=rank, tp=case.tp,
+                                  comm=Comm(rank, case.tp, dist.group.WORLD))
+        with fake_cuda() as mode, torch.no_grad():
+            results.put((rank, run_case(case, to_fake_cuda(meta, mode).eval()).accesses))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_tp_case(case: Case) -> list[DeviceAccessCounter]:
+    """Every rank's count of ``case`` (rank order): ``case.tp`` spawned processes in one gloo group."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=_tp_rank, args=(r, case, f"file://{tmp}/rendezvous", results), daemon=True)
+                 for r in range(case.tp)]
+        for p in procs:
+            p.start()
+        got: dict[int, list] = {}
+        deadline = time.monotonic() + TP_TIMEOUT_S
+        while len(got) < case.tp:
+            try:
+                rank, accesses = results.get(timeout=5)
+                got[rank] = accesses
+            except queue.Empty:
+                missing = [r for r in range(case.tp) if r not in got]
+                if time.monotonic() > deadline or not all(procs[r].is_alive() for r in missing):
+                    raise RuntimeError(f"{case.name}: ranks {missing} reported "
+                                       f"nothing (exit codes {[p.exitcode for p in procs]}; "
+                                       f"limit {TP_TIMEOUT_S} s)") from None
+        for p in procs:
+            p.join()
+    return [DeviceAccessCounter(got[r]) for r in range(case.tp)]
+
+
 def graph_checks() -> tuple[int, int]:
     """(graph_equal, width_follows_context), both run on the CPU, with the replay's figures printed:
     :func:`atom.testing.graph_checks.compare_replay` (decode steps replayed from emulated CUDA graphs equal
@@ -169,21 +237,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':24s} {'h2d':>6s} {'syncs':>6s} {'data_dep':>8s} {'staged':>6s} {'token_rd':>8s}")
     with fake_cuda() as mode, torch.no_grad():
         for case in chosen:
+            if case.tp > 1:
+                continue
             key = (case.model, bool(case.drafts))
             if key not in models:
                 models[key] = release_model(case.model, mode, mtp=bool(case.drafts))
-            counter = run_case(case, models[key])
-            c = counter.counts()
-            totals.update({k: c[k] for k in ("h2d", "syncs", "data_dependent")})
-            print(f"{case.name:24s} {c['h2d']:6d} {c['syncs']:6d} {c['data_dependent']:8d} {c['staged_h2d']:6d} "
-                  f"{c['token_reads']:8d}", flush=True)
-            for kind in ("h2d", "syncs", "data_dependent"):
-                for site, n in counter.sites(kind).most_common(args.stacks):
-                    print(f"    {kind:14s} {n:5d}  {site}")
+            _report(case.name, run_case(case, models[key]), totals, args.stacks)
+    for case in chosen:
+        if case.tp > 1:
+            for rank, counter in enumerate(run_tp_case(case)):
+                _report(f"{case.name} rank {rank}", counter, totals, args.stacks)
     graph_equal, widths = graph_checks()
     print(f"h2d={totals['h2d']} syncs={totals['syncs']} data_dependent={totals['data_dependent']} "
           f"graph_equal={graph_equal} width_follows_context={widths}")
     return 0
+
+
+def _report(name: str, counter: DeviceAccessCounter, totals: Counter[str], stacks: int) -> None:
+    """Print one case's row (and its ``stacks`` most frequent sites per counted kind); add it to ``totals``."""
+    c = counter.counts()
+    totals.update({k: c[k] for k in ("h2d", "syncs", "data_dependent")})
+    print(f"{name:24s} {c['h2d']:6d} {c['syncs']:6d} {c['data_dependent']:8d} {c['staged_h2d']:6d} "
+          f"{c['token_reads']:8d}", flush=True)
+    for kind in ("h2d", "syncs", "data_dependent"):
+        for site, n in counter.sites(kind).most_common(stacks):
+            print(f"    {kind:14s} {n:5d}  {site}")
 
 
 if __name__ == "__main__":
