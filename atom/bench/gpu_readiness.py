@@ -105,7 +105,7 @@ CASES = (
     Case("pro decode b64", "pro", (40,) * 64, 1),
     Case("flash tp2 decode b8", "flash", (40,) * 8, 1, tp=2),
 )
-TP_TIMEOUT_S = 900  # a rank's whole run (start-up, model, steps)
+TP_TIMEOUT_S = 3600  # a rank's whole run (start-up, model, the first forward stacking every expert, steps)
 
 
 def release_model(kind: str, mode: FakeTensorMode, *, mtp: bool = False) -> DeepseekV4ForServing:
