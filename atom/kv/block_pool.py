@@ -152,15 +152,14 @@ class BlockPool:
                 self._free_many(gone)
             return
         nodes, kept, unpublished = self.node, [], []
-        cache, free = kept.append, unpublished.append
         for bid in block_ids:  # one pass: drop the reference, sort the ids it was the last of
             r = ref[bid] - 1
             ref[bid] = r
-            if not r:
+            if not r:  # (``x.append`` in place: the interpreter specializes it, not a bound-method local)
                 if nodes[bid] is None:
-                    free(bid)
+                    unpublished.append(bid)
                 else:
-                    cache(bid)
+                    kept.append(bid)
         if unpublished:
             self._free_unpublished(unpublished)
         if not kept:

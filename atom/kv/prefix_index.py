@@ -69,17 +69,17 @@ class PrefixIndex:
         prefix (those blocks stay private). Each new node takes a reference on its parent; the
         caller references what it publishes and moves its own tip."""
         out: list[PrefixNode] = []
-        add, get, nodes, parent = out.append, self._nodes.get, self._nodes, tip
+        nodes, parent = self._nodes, tip
         for j in range(first, end):
             h = hashes[j]
-            node = get(h)
+            node = nodes.get(h)
             if node is None:
                 node = nodes[h] = PrefixNode(h, parent, keys[j], j)
                 if parent is not None:
                     parent.refs += 1
             elif node.parent is not parent or node.key != keys[j]:
                 break
-            add(node)
+            out.append(node)
             parent = node
         return out
 
