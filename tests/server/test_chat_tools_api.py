@@ -58,9 +58,9 @@ class Script:
             return StepSamples([script._next(r.seq_id) for r in requests], [0] * len(requests),
                                [None] * len(requests))
 
-        def recording_add_request(engine, prompt, params, request_id=None):
+        def recording_add_request(engine, prompt, params, request_id=None, **placement):
             script.prompts.append(list(prompt))
-            return add_request(engine, prompt, params, request_id)
+            return add_request(engine, prompt, params, request_id, **placement)
 
         monkeypatch.setattr(Sampler, "sample_all", sample_all)
         monkeypatch.setattr(LLMEngine, "add_request", recording_add_request)
