@@ -6,7 +6,6 @@ worker, and a worker that dies takes the server down with a message naming it.""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from atom.builtin_model import BUILTIN_MODEL_NAME
 from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atom.engine_builder import build_engine
 from atom.sampling_params import SamplingParams
-from support.serve_process import atom_command, launch, wait_gone
+from support.serve_process import kill_worker_and_read_exit, atom_command, launch, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -123,11 +122,5 @@ def test_a_client_that_disconnects_frees_its_request_on_its_replica(tiny_dir):
 
 def test_a_worker_that_dies_takes_the_data_parallel_server_down_with_a_message_naming_it(tiny_dir):
     proc, url, worker, _ = start(tiny_dir)
-    os.kill(worker, signal.SIGKILL)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    assert proc.returncode == 1
+    out = kill_worker_and_read_exit(proc, worker)
     assert f"model worker rank 1 (pid {worker}) was killed by signal 9" in out

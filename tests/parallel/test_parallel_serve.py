@@ -20,7 +20,7 @@ from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atom.engine_builder import build_engine
 from atom.parallel.process_group import free_port
 from atom.sampling_params import SamplingParams
-from support.serve_process import alive, atom_command, children, launch
+from support.serve_process import kill_worker_and_read_exit, alive, atom_command, children, launch
 
 pytestmark = pytest.mark.slow
 
@@ -90,11 +90,5 @@ def test_torchrun_ranks_serve_the_single_rank_greedy_text_and_ctrl_c_stops_them_
 
 def test_a_worker_that_dies_takes_the_server_down_with_a_message_naming_it(tiny_dir):
     proc, url, worker = start(tiny_dir)
-    os.kill(worker, signal.SIGKILL)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    assert proc.returncode == 1
+    out = kill_worker_and_read_exit(proc, worker)
     assert f"model worker rank 1 (pid {worker}) was killed by signal 9" in out

@@ -64,3 +64,18 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> bool:
     while any(map(alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return not any(map(alive, pids))
+
+
+def kill_worker_and_read_exit(proc: subprocess.Popen, worker: int, timeout: float = 60.0) -> str:
+    """SIGKILL the model worker ``worker`` of the server ``proc``; the server's output once it has exited with
+    status 1 (the watchdog's verdict), which the caller checks for the message naming the worker."""
+    import signal
+
+    os.kill(worker, signal.SIGKILL)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 1, out
+    return out
