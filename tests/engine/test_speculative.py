@@ -32,7 +32,9 @@ def run(engine, prompt_list, params):
 
 # arena chunks; with speculation on, chunks also hold the MTP layer's rows: 3 SWA pages per chunk, as the
 # layout picks without it, keep the tight arena as tight
-ARENAS = pytest.mark.parametrize("num_chunks", [200, 5], ids=["roomy", "preempting"])
+# the preempting arena runs the suite through many preemptions: 7-10 s a case on 2 cores, so it is slow
+ARENAS = pytest.mark.parametrize("num_chunks", [200, pytest.param(5, marks=pytest.mark.slow)],
+                                 ids=["roomy", "preempting"])
 
 
 @ARENAS
