@@ -36,7 +36,7 @@ from typing import Callable, Sequence as Seq
 
 from atom.bench.sim_arenas import ARENA, build_block_manager, exact_page_bytes
 from atom.bench.sim_cost import CostModel, StepClock, model_for
-from atom.bench.sim_workloads import VOCAB, Session, Turn, build_trace, first_prompt, request_id, segment_tokens
+from atom.bench.sim_workloads import VOCAB, Session, Turn, build_trace, pop_arrival, request_id
 from atom.bench.simulate import GEOMETRIES, RunResult, SimConfig, base_layout, run_trace
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.router import POLICIES, ReplicaRouter, SchedulerView
@@ -66,16 +66,6 @@ def replica_config(cfg: SimConfig, replicas: int) -> SimConfig:
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     return replace(cfg, budget_bytes=cfg.budget_bytes // replicas)
-
-
-def turn_prompt(turn: Turn, previous: Seq[int] | None) -> list[int]:
-    """A turn's prompt: its segments, after the previous turn's whole sequence if there is one."""
-    if previous is None:
-        return first_prompt(turn)
-    tokens = list(previous)
-    for seg in turn.new:
-        tokens.extend(segment_tokens(seg))
-    return tokens
 
 
 class _Replicas:
@@ -123,11 +113,7 @@ def run_replicas(sessions: Seq[Session], cfg: SimConfig, replicas: int, policy: 
     wall0 = time.perf_counter()
     while pending or group.busy():
         while pending and pending[0][0] <= t:
-            _, rid, sid = heapq.heappop(pending)
-            turn_idx = rid - request_id(sid, 0)
-            turn = by_sid[sid].turns[turn_idx]
-            prev = live.pop(request_id(sid, turn_idx - 1), None) if turn_idx else None
-            tokens = turn_prompt(turn, None if prev is None else prev[0].token_ids)
+            rid, sid, turn_idx, turn, tokens = pop_arrival(pending, by_sid, live)
             if len(tokens) + turn.max_tokens > cfg.max_model_len:
                 res.aborted += 1
                 continue

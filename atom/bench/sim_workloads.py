@@ -29,9 +29,10 @@ Workloads (counts at ``scale=1``; rates in sessions per modelled second, Poisson
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from typing import Any, Callable, Sequence as Seq
 
 import numpy as np
 
@@ -93,6 +94,28 @@ def first_prompt(turn: Turn) -> list[int]:
     for seg in turn.new:
         out.extend(segment_tokens(seg))
     return out
+
+
+def turn_prompt(turn: Turn, previous: Seq[int] | None) -> list[int]:
+    """A turn's prompt: its segments, after the previous turn's whole sequence if there is one."""
+    if previous is None:
+        return first_prompt(turn)
+    tokens = list(previous)
+    for seg in turn.new:
+        tokens.extend(segment_tokens(seg))
+    return tokens
+
+
+def pop_arrival(pending: list[tuple[float, int, int]], by_sid: dict[int, Session],
+                live: dict[int, tuple[Any, int, int]]) -> tuple[int, int, int, Turn, list[int]]:
+    """Take the earliest turn off the ``pending`` heap of ``(arrival, request id, session id)``:
+    ``(rid, sid, turn index, turn, prompt)``. The previous turn of its session leaves ``live``
+    (``rid -> (sequence, sid, turn index)``) and its whole sequence starts the prompt."""
+    _, rid, sid = heapq.heappop(pending)
+    turn_idx = rid - request_id(sid, 0)
+    turn = by_sid[sid].turns[turn_idx]
+    prev = live.pop(request_id(sid, turn_idx - 1), None) if turn_idx else None
+    return rid, sid, turn_idx, turn, turn_prompt(turn, None if prev is None else prev[0].token_ids)
 
 
 def _lognormal(rng: np.random.Generator, median: float, sigma: float, lo: int, hi: int) -> int:

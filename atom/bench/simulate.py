@@ -42,7 +42,7 @@ from typing import Callable, Sequence as Seq
 from atom.bench.sim_arenas import (ARENA, ARENA_HOST, ARENA_POLICIES, OTHER_POLICIES, Policy, build_block_manager,
                                    exact_page_bytes, fixed)
 from atom.bench.sim_cost import CostModel, StepClock, model_for
-from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, first_prompt, request_id, segment_tokens
+from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, pop_arrival, request_id
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.testing.fake_runner import FakeRunner
 from atom.kv.kv_layout import KvLayout, plan_kv_layout
@@ -153,14 +153,7 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
     wall0 = time.perf_counter()
     while pending or engine.has_unfinished_requests():
         while pending and pending[0][0] <= t:
-            _, rid, sid = heapq.heappop(pending)
-            turn_idx = rid - request_id(sid, 0)
-            turn = by_sid[sid].turns[turn_idx]
-            prev = live.pop(request_id(sid, turn_idx - 1), None) if turn_idx else None
-            tokens = first_prompt(turn) if prev is None else list(prev[0].token_ids)
-            if prev is not None:
-                for seg in turn.new:
-                    tokens.extend(segment_tokens(seg))
+            rid, sid, turn_idx, turn, tokens = pop_arrival(pending, by_sid, live)
             if len(tokens) + turn.max_tokens > cfg.max_model_len:
                 res.aborted += 1  # the session ends here: its history outgrew the model length
                 continue
