@@ -36,7 +36,7 @@ from typing import Callable, Sequence as Seq
 
 from atom.bench.sim_arenas import ARENA, build_block_manager, exact_page_bytes
 from atom.bench.sim_cost import CostModel, StepClock, model_for
-from atom.bench.sim_workloads import VOCAB, Session, Turn, build_trace, pop_arrival, request_id
+from atom.bench.sim_workloads import VOCAB, Session, Turn, build_trace, finish_turn, pop_arrival, request_id
 from atom.bench.simulate import GEOMETRIES, RunResult, SimConfig, base_layout, run_trace
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.router import POLICIES, ReplicaRouter, SchedulerView
@@ -135,15 +135,9 @@ def run_replicas(sessions: Seq[Session], cfg: SimConfig, replicas: int, policy: 
         step_ratio_area += max(tokens) / (sum(tokens) / replicas) * step_s  # some replica ran: the mean is > 0
         res.max_running = max(res.max_running, sum(len(e.scheduler.running) for e in group.engines))
         for rid in finished:
-            seq, sid, turn_idx = live[rid]
             res.finished += 1
-            res.served_tokens += len(seq.token_ids)
+            res.served_tokens += finish_turn(pending, by_sid, live, rid, t)
             res.modelled_s = t
-            sess = by_sid[sid]
-            if turn_idx + 1 < len(sess.turns):
-                heapq.heappush(pending, (t + sess.turns[turn_idx + 1].think_s, request_id(sid, turn_idx + 1), sid))
-            else:
-                live.pop(rid)
     res.step_imbalance = step_ratio_area / stepped_s if stepped_s else math.nan
     return _finish(group, time.perf_counter() - wall0)
 

@@ -118,6 +118,20 @@ def pop_arrival(pending: list[tuple[float, int, int]], by_sid: dict[int, Session
     return rid, sid, turn_idx, turn, turn_prompt(turn, None if prev is None else prev[0].token_ids)
 
 
+def finish_turn(pending: list[tuple[float, int, int]], by_sid: dict[int, Session],
+                live: dict[int, tuple[Any, int, int]], rid: int, t: float) -> int:
+    """Turn ``rid`` finished at ``t``: its session's next turn joins ``pending`` after its think time (the
+    finished sequence stays in ``live`` to start that turn's prompt), or the session ends and it leaves
+    ``live``. Returns the finished sequence's token count."""
+    seq, sid, turn_idx = live[rid]
+    sess = by_sid[sid]
+    if turn_idx + 1 < len(sess.turns):
+        heapq.heappush(pending, (t + sess.turns[turn_idx + 1].think_s, request_id(sid, turn_idx + 1), sid))
+    else:
+        live.pop(rid)
+    return len(seq.token_ids)
+
+
 def _lognormal(rng: np.random.Generator, median: float, sigma: float, lo: int, hi: int) -> int:
     return int(np.clip(round(median * float(np.exp(sigma * rng.standard_normal()))), lo, hi))
 

@@ -42,7 +42,7 @@ from typing import Callable, Sequence as Seq
 from atom.bench.sim_arenas import (ARENA, ARENA_HOST, ARENA_POLICIES, OTHER_POLICIES, Policy, build_block_manager,
                                    exact_page_bytes, fixed)
 from atom.bench.sim_cost import CostModel, StepClock, model_for
-from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, pop_arrival, request_id
+from atom.bench.sim_workloads import VOCAB, WORKLOADS, Session, build_trace, finish_turn, pop_arrival, request_id
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.testing.fake_runner import FakeRunner
 from atom.kv.kv_layout import KvLayout, plan_kv_layout
@@ -210,17 +210,9 @@ def run_trace(sessions: Seq[Session], policy: Policy, cfg: SimConfig, layout: Kv
         for out in step.outputs:
             if not out.finished or out.finish_reason == "abort":
                 continue
-            rid = int(out.request_id)
-            seq, sid, turn_idx = live[rid]
             res.finished += 1
-            res.served_tokens += len(seq.token_ids)
+            res.served_tokens += finish_turn(pending, by_sid, live, int(out.request_id), t)
             res.modelled_s = t
-            sess = by_sid[sid]
-            if turn_idx + 1 < len(sess.turns):
-                nxt = request_id(sid, turn_idx + 1)
-                heapq.heappush(pending, (t + sess.turns[turn_idx + 1].think_s, nxt, sid))
-            else:
-                live.pop(rid)
     res.wall_s = time.perf_counter() - wall0
     total_t = max(t, 1e-12)
     res.mean_running = run_area / total_t
