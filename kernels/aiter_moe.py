@@ -15,13 +15,14 @@ w2_scale=None, ...)``:
 
 What does not map: aiter's ``Silu`` activation has no SwiGLU clamp, and its FP8 path quantizes activations
 with its own per-token scales rather than ``act_blocks`` power-of-two blocks. A call with ``limit > 0`` or
-nonzero ``act_blocks`` (every DeepSeek-V4 layer) therefore runs the Triton wrapper; the aiter kernel takes only
-the unclamped, unquantized-activation case.
+nonzero ``act_blocks`` or an ``h_quant`` hook (every DeepSeek-V4 layer) therefore runs the Triton wrapper; the
+aiter kernel takes only the unclamped, unquantized-activation case.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import Callable
 
 import torch
 
@@ -45,11 +46,13 @@ def _gate_up(w1: torch.Tensor, w3: torch.Tensor, s1: torch.Tensor | None, s3: to
 
 
 def fused_moe_aiter(x, route_w, route_idx, w1, w3, w2, s1=None, s3=None, s2=None, *, limit: float,
-                    act_blocks: tuple[int, int] = (0, 0), first_expert: int = 0) -> torch.Tensor:
-    """The ``fused_moe`` contract through aiter where it maps (module docstring), else the Triton wrapper."""
-    if limit > 0 or any(act_blocks) or x.dtype != torch.bfloat16:
+                    act_blocks: tuple[int, int] = (0, 0), first_expert: int = 0,
+                    h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """The ``fused_moe`` contract through aiter where it maps (module docstring), else the Triton wrapper
+    (always with ``h_quant``: aiter's kernel has no hook between its two GEMMs)."""
+    if limit > 0 or any(act_blocks) or h_quant is not None or x.dtype != torch.bfloat16:
         return fused_moe(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit=limit, act_blocks=act_blocks,
-                         first_expert=first_expert)
+                         first_expert=first_expert, h_quant=h_quant)
     aiter = importlib.import_module("aiter")
     moe = importlib.import_module("aiter.fused_moe")
     quant = {"dense": aiter.QuantType.No, "fp8": aiter.QuantType.per_1x128,

@@ -3,7 +3,7 @@
 Contract (``fused_moe`` and ``fused_moe_ref`` share it)::
 
     fused_moe(x, route_w, route_idx, w1, w3, w2, s1=None, s3=None, s2=None, *,
-              limit, act_blocks=(0, 0), first_expert=0) -> fp32 [T, D]
+              limit, act_blocks=(0, 0), first_expert=0, h_quant=None) -> fp32 [T, D]
 
 * ``x [T, D]`` fp32 / bf16 (float64: reference only); ``route_w [T, k]`` fp32 routing weights and
   ``route_idx [T, k]`` int32 / int64 expert ids (the ``Gate``'s top-k or hash picks).
@@ -20,6 +20,11 @@ Contract (``fused_moe`` and ``fused_moe_ref`` share it)::
   blocks of ``b`` (each 0, off, or a divisor of 128 and of its width).
   The routing weight multiplies ``h`` before that round trip, as the reference does, so it is applied in
   the first GEMM's epilogue, not the second's.
+* ``h_quant`` (``act_blocks[1]`` then 0) replaces the FP8 round trip of ``h``: it is called once on the
+  ``[T*k, I]`` activations of the pairs in sorted order (rows of pairs not held here unspecified; every rank
+  of a group sorts the same pairs the same way) and returns them rounded, same shape and dtype. A
+  tensor-parallel rank whose ``w2`` input blocks span ranks passes its ``SplitInputLinear.quantize_input``
+  (one all-gather of the rows' block maxima), so the rounding is the unsplit layer's, with no host read.
 * Returns each token's sum of its pairs' ``y`` in fp32.
 
 Permutation (both implementations, on the device, nothing read back): the ``T*k`` pairs are sorted by
@@ -44,6 +49,8 @@ token's pairs in ascending expert order, as :meth:`MoEWeights.routed` does.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +96,7 @@ def _check_weight(name: str, w: torch.Tensor, s: torch.Tensor | None, fmt: str, 
 
 
 def _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit: float, act_blocks: tuple[int, int],
-           first_expert: int) -> str:
+           first_expert: int, h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> str:
     """The experts' format after ``ValueError`` checks of every argument (values only with value checks on)."""
     check_rows("x", x, dtypes=VALUE_DTYPES)
     t, d = x.shape
@@ -108,6 +115,9 @@ def _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit: float, act_bloc
     if len(act_blocks) != 2 or any(b < 0 or (b and (128 % b or width % b)) for b, width in zip(act_blocks, (d, i))):
         raise ValueError(f"fused_moe: act_blocks must be two blocks (x's, h's), each 0 or dividing 128 and its "
                          f"width (D={d}, I={i}), got {act_blocks}")
+    if h_quant is not None and act_blocks[1]:
+        raise ValueError(f"fused_moe: h_quant replaces the round trip of h; act_blocks[1] must then be 0, got "
+                         f"{act_blocks[1]}")
     if first_expert < 0 or limit < 0:
         raise ValueError(f"fused_moe: first_expert and limit must be >= 0, got {first_expert}, {limit}")
     check_same_device(x=x, route_w=route_w, route_idx=route_idx, w1=w1, w3=w3, w2=w2)
@@ -168,12 +178,22 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, fmt:
     return out
 
 
+def _rounded_h(h_quant: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+    """``h_quant(h)`` after checking it kept ``h``'s shape and dtype."""
+    out = h_quant(h)
+    if out.shape != h.shape or out.dtype != h.dtype:
+        raise ValueError(f"fused_moe: h_quant must return h's shape {tuple(h.shape)} and dtype {h.dtype}, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    return out
+
+
 def fused_moe_ref(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w1: torch.Tensor,
                   w3: torch.Tensor, w2: torch.Tensor, s1: torch.Tensor | None = None, s3: torch.Tensor | None = None,
                   s2: torch.Tensor | None = None, *, limit: float, act_blocks: tuple[int, int] = (0, 0),
-                  first_expert: int = 0) -> torch.Tensor:
+                  first_expert: int = 0, h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None
+                  ) -> torch.Tensor:
     """Torch reference (module docstring): grouped GEMMs over the expert-sorted pairs, no host read."""
-    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert)
+    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert, h_quant)
     t, k = route_idx.shape
     order, offsets = _permute(route_idx, w1.shape[0], first_expert)
     xq = fp8_roundtrip(x, act_blocks[0]) if act_blocks[0] else x
@@ -186,6 +206,8 @@ def fused_moe_ref(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tenso
     h = (route_w.reshape(-1)[order][:, None] * (F.silu(gate) * up)).to(x.dtype)
     if act_blocks[1]:
         h = fp8_roundtrip(h, act_blocks[1])
+    elif h_quant is not None:
+        h = _rounded_h(h_quant, h)
     held = torch.arange(order.shape[0], device=x.device) < offsets[-1]  # pairs of experts held here
     y = torch.where(held[:, None], _grouped_gemm(h, w2, s2, fmt, offsets).float(), 0.0)
     pair_out = torch.empty_like(y)
@@ -351,10 +373,10 @@ def _strides(s: torch.Tensor | None, twin: torch.Tensor | None,
 def fused_moe(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w1: torch.Tensor,
               w3: torch.Tensor, w2: torch.Tensor, s1: torch.Tensor | None = None, s3: torch.Tensor | None = None,
               s2: torch.Tensor | None = None, *, limit: float, act_blocks: tuple[int, int] = (0, 0),
-              first_expert: int = 0) -> torch.Tensor:
+              first_expert: int = 0, h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Triton fused MoE: permutation, then one launch per GEMM pair (same contract as :func:`fused_moe_ref`)."""
     require_triton("fused_moe")
-    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert)
+    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert, h_quant)
     if x.dtype == torch.float64:
         raise ValueError("fused_moe: float64 runs on the torch reference only (the CPU verification mode)")
     t, k = route_idx.shape
@@ -377,6 +399,8 @@ def fused_moe(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w
     _moe_up_kernel[(row_tiles, triton.cdiv(i, bn))](
         x, order, rw, offsets, w1c, w3c, s1c, s3c, h, e, d, i, x.stride(0), w1c.stride(0), w1c.stride(1),
         se1, sn1, h.stride(0), float(limit), AB=act_blocks[0], CLAMP=limit > 0, **common)
+    if h_quant is not None:
+        h = _rounded_h(h_quant, h).contiguous()
     _moe_down_kernel[(row_tiles, triton.cdiv(d, bn))](
         h, order, offsets, w2c, s2c, out, e, d, i, h.stride(0), w2c.stride(0), w2c.stride(1), se2, sn2,
         out.stride(0), AB=act_blocks[1], **common)
