@@ -15,9 +15,12 @@ reference model value for value, and with the release numerics a last-bit differ
 accumulation order flips an FP8 rounding of the activations downstream. The fused op's torch reference
 stays the oracle the Triton kernel is checked against.
 
-A layer whose experts mix formats or whose ``w2`` inputs are split across ranks with their own FP8 blocks
-(a ``quantize_input`` override) runs one GEMM per expert present in the step, which reads the routing
-back. :attr:`ServingMoE.host_free` says which: the serving model declares CUDA-graph support from it.
+A tensor-parallel rank holds a slice of every expert's intermediate width (``w1`` / ``w3`` rows, ``w2``
+inputs): the same fused op on smaller stacks, its partial sums all-reduced with the shared expert's. When
+the rank's ``w2`` inputs are narrower than their FP8 block (a ``quantize_input`` override that exchanges the
+blocks' maxima), that override is the op's ``h_quant``: one all-gather per layer, nothing read back. A layer
+whose experts mix formats runs one GEMM per expert present in the step, which reads the routing back.
+:attr:`ServingMoE.host_free` says which: the serving model declares CUDA-graph support from it.
 
 Under data-parallel attention the layer's :attr:`ServingMoE.exchange` sends the routed rows to the ranks
 holding their experts and brings the partial sums back; the experts a rank holds run the same paths on the
@@ -64,12 +67,23 @@ class ServingMoE(MoEWeights):
 
     @property
     def fusable(self) -> bool:
-        """Whether the held experts fit the fused op: one storage format for every projection, and each
-        projection's FP8 activation blocks those of :class:`Linear` (no per-rank override)."""
+        """Whether the held experts fit the fused op: one storage format for every projection, and ``w1`` /
+        ``w3``'s FP8 activation blocks those of :class:`Linear` (``w2``'s may be a split layer's, passed to the
+        op as its ``h_quant``: :meth:`h_rounding`)."""
         first = self._held()[0]
         fmt = first.w1.fmt
-        return all(getattr(first, p).fmt == fmt and type(getattr(first, p)).quantize_input is Linear.quantize_input
-                   for p in _PROJECTIONS)
+        return all(getattr(first, p).fmt == fmt for p in _PROJECTIONS) and all(
+            type(getattr(first, p)).quantize_input is Linear.quantize_input for p in ("w1", "w3"))
+
+    def h_rounding(self) -> tuple[int, Callable[[torch.Tensor], torch.Tensor] | None]:
+        """How the fused op rounds the activations in front of ``w2``: ``(act_block, None)``, the op's own FP8
+        blocks; or ``(0, w2.quantize_input)`` when the held ``w2`` overrides it (a tensor-parallel slice whose
+        FP8 input blocks span ranks: each row's block maxima are all-gathered, so every rank rounds as the
+        unsplit layer does). Every expert's ``w2`` shares the layer's split, so the first one's serves all."""
+        w2 = self._held()[0].w2
+        if w2.act_block and type(w2).quantize_input is not Linear.quantize_input:
+            return 0, w2.quantize_input
+        return w2.act_block, None
 
     @property
     def host_free(self) -> bool:
@@ -134,8 +148,10 @@ class ServingMoE(MoEWeights):
         (w1, w3, w2), (s1, s3, s2) = self.expert_stack()
         first = self._held()[0]
         xe = x.to(first.w1.weight.dtype if first.w1.fmt == "dense" else first.w1.dtype)
+        h_block, h_quant = self.h_rounding()
         return self._fused(xe, weights, idx, w1, w3, w2, s1, s3, s2, limit=first.limit,
-                           act_blocks=(first.w1.act_block, first.w2.act_block), first_expert=self.expert_range.start)
+                           act_blocks=(first.w1.act_block, h_block), first_expert=self.expert_range.start,
+                           h_quant=h_quant)
 
     def with_shared(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
         """The layer's output from its routed sum (fp32 ``[T, dim]``), as ``MoEWeights.with_shared``; on a GPU
