@@ -6,6 +6,15 @@
 half the value, and ``0x80`` (``-0`` in e4m3fn) is NaN. :func:`to_e4m3fnuz` rewrites the weight once (``0x80``
 -> ``0x00``, scales x 2) and the result is kept per weight tensor. No aiter kernel matches ``mxfp4_gemm``'s
 packed layout, so that op runs its Triton wrapper under the aiter backend.
+
+``w8a8_block_gemm_aiter`` has the contract of :func:`atom.kernels.w8a8_gemm.w8a8_block_gemm_ref` and runs aiter's
+Triton ``gemm_a8w8_blockscale(x, w, x_scale, w_scale, dtype)``: ``x`` = ``xq`` ``[M, K]`` fp8, ``w`` = the weight
+``[N, K]`` fp8, ``x_scale`` = ``xs`` ``[M, K / 128]`` fp32, ``w_scale`` = the weight's e8m0 scales as fp32
+``[ceil(N/128), ceil(K/128)]``, ``dtype`` = ``out_dtype``. aiter infers its scale blocks from these shapes
+(``K / scale_k``), so it takes only 128-wide activation blocks (the release's); narrower ones (test models) run
+the Triton wrapper. On gfx94x both operands are rewritten to ``e4m3fnuz`` as above (the activations every call:
+``0x80`` -> ``0``, scales x 2). Neither aiter GEMM has been run here: this project has no ROCm machine, and
+``import aiter`` fails on a CPU.
 """
 
 from __future__ import annotations
@@ -16,11 +25,13 @@ from typing import Any, Callable
 import torch
 
 from .fp8_gemm import _check
-from .quant_formats import e8m0_to_float
+from .quant_formats import FP8_BLOCK, e8m0_to_float
+from .w8a8_gemm import _check as check_w8a8, w8a8_block_gemm
 
-__all__ = ["to_e4m3fnuz", "fp8_block_gemm_aiter", "aiter_implementations"]
+__all__ = ["to_e4m3fnuz", "fp8_block_gemm_aiter", "w8a8_block_gemm_aiter", "aiter_implementations"]
 
 _MODULES = ("aiter.ops.triton.gemm.basic.gemm_a16w8_blockscale", "aiter.ops.triton.gemm_a16w8_blockscale")
+_A8W8_MODULES = ("aiter.ops.triton.gemm.basic.gemm_a8w8_blockscale", "aiter.ops.triton.gemm_a8w8_blockscale")
 _FNUZ_CACHE: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
@@ -46,13 +57,17 @@ def _device_weight(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Ten
     return hit[1], hit[2]
 
 
-def _aiter_a16w8() -> Callable[..., torch.Tensor]:
-    for name in _MODULES:
+def _aiter_op(modules: tuple[str, ...], op: str) -> Callable[..., torch.Tensor]:
+    for name in modules:
         try:
-            return importlib.import_module(name).gemm_a16w8_blockscale
+            return getattr(importlib.import_module(name), op)
         except (ImportError, AttributeError):
             continue
-    raise ImportError(f"aiter has no gemm_a16w8_blockscale in {', '.join(_MODULES)}")
+    raise ImportError(f"aiter has no {op} in {', '.join(modules)}")
+
+
+def _aiter_a16w8() -> Callable[..., torch.Tensor]:
+    return _aiter_op(_MODULES, "gemm_a16w8_blockscale")
 
 
 def fp8_block_gemm_aiter(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -64,6 +79,19 @@ def fp8_block_gemm_aiter(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
     return _aiter_a16w8()(x16, w, s, torch.bfloat16).to(x.dtype)
 
 
+def w8a8_block_gemm_aiter(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                          out_dtype: torch.dtype) -> torch.Tensor:
+    """aiter W8A8 block-scaled GEMM (contract of :func:`atom.kernels.w8a8_gemm.w8a8_block_gemm_ref`; the module
+    docstring gives the argument mapping). Activation blocks narrower than 128 run the Triton wrapper."""
+    if check_w8a8(xq, xs, weight, scale, out_dtype) != FP8_BLOCK:
+        return w8a8_block_gemm(xq, xs, weight, scale, out_dtype)
+    w, s = _device_weight(weight, scale)
+    if _needs_fnuz(xq.device):
+        bits = xq.view(torch.uint8)
+        xq, xs = torch.where(bits == 0x80, 0, bits).view(torch.float8_e4m3fnuz), xs * 2.0
+    return _aiter_op(_A8W8_MODULES, "gemm_a8w8_blockscale")(xq, w, xs, s, out_dtype)
+
+
 def aiter_implementations() -> dict[str, Any]:
     """The ops aiter implements (the registry calls this only where ``import aiter`` works)."""
-    return {"fp8_block_gemm": fp8_block_gemm_aiter}
+    return {"fp8_block_gemm": fp8_block_gemm_aiter, "w8a8_block_gemm": w8a8_block_gemm_aiter}

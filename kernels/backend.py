@@ -10,7 +10,8 @@ Choice (``resolve_backend``), from an explicit override or else ``ATOM_KERNEL_BA
 
 Every op has a torch reference and a Triton wrapper of the same signature. An aiter implementation
 is used for an op only where one is registered with :func:`register_aiter`: ``fp8_block_gemm``
-(aiter's ``gemm_a16w8_blockscale``, ``aiter_gemm.py``) and ``fused_moe`` (aiter's ``fused_moe`` where its
+(aiter's ``gemm_a16w8_blockscale``, ``aiter_gemm.py``), ``w8a8_block_gemm`` (aiter's ``gemm_a8w8_blockscale``
+where the activation blocks are 128 wide, ``aiter_gemm.py``) and ``fused_moe`` (aiter's ``fused_moe`` where its
 arguments map, ``aiter_moe.py``; not run here: no ROCm machine); none of aiter's kernels matches the KV
 contracts (the arena's ``row_stride`` and fused c4 chunk are ours) or the packed MXFP4 layout, so
 under ``aiter`` an op without an aiter entry runs its Triton wrapper, and :func:`load_kernels`
@@ -55,6 +56,9 @@ OPS: dict[str, tuple[str, str, str]] = {
     "index_score": ("index_score", "index_score", "index_score_ref"),
     "fp8_block_gemm": ("fp8_gemm", "fp8_block_gemm", "fp8_block_gemm_ref"),
     "mxfp4_gemm": ("mxfp4_gemm", "mxfp4_gemm", "mxfp4_gemm_ref"),
+    "w8a8_block_gemm": ("w8a8_gemm", "w8a8_block_gemm", "w8a8_block_gemm_ref"),
+    "fp8_act_quant": ("act_quant", "fp8_act_quant", "fp8_act_quant_ref"),
+    "rms_norm_fp8": ("act_quant", "rms_norm_fp8", "rms_norm_fp8_ref"),
     "hc_sinkhorn": ("hc_sinkhorn", "hc_sinkhorn", "hc_sinkhorn_ref"),
     "entry_pool": ("entry_pool", "entry_pool", "entry_pool_ref"),
     "fused_moe": ("fused_moe", "fused_moe", "fused_moe_ref"),

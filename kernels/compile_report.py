@@ -136,9 +136,9 @@ def _stacked_experts(g: Geometry, fmt: str) -> tuple[torch.Tensor, ...]:
 
 def variants(g: Geometry) -> list[Variant]:
     """Every kernel variant the engine launches at ``g``'s shapes (decode batch :data:`DECODE_TOKENS`)."""
-    from . import (compressed_write, compressor_state, entry_pool, fp8_ds_mla, fp8_gemm, fp8_index_key, fused_moe,
-                   hc_post, hc_pre, hc_sinkhorn, hca_state, index_score, moe_route, mxfp4_gemm, page_copy, paged_index, rms_norm, rope,
-                   sparse_attention, swa_write, swiglu)
+    from . import (act_quant, compressed_write, compressor_state, entry_pool, fp8_ds_mla, fp8_gemm, fp8_index_key,
+                   fused_moe, hc_post, hc_pre, hc_sinkhorn, hca_state, index_score, moe_route, mxfp4_gemm, page_copy,
+                   paged_index, rms_norm, rope, sparse_attention, swa_write, swiglu, w8a8_gemm)
     t, rc, kc = DECODE_TOKENS, g.row_codec, g.key_codec
     seqs, cu, start = _i32(t), torch.arange(t + 1, dtype=torch.int32), _i32(t)
     main_rows, key_rows = _u8(ROWS, rc.row_bytes), _u8(ROWS, kc.row_bytes)
@@ -175,6 +175,12 @@ def variants(g: Geometry) -> list[Variant]:
         add("moe", f"mxfp4_gemm expert w1 M={m} N={g.moe_inter} K={g.hidden}", lambda m=m: mxfp4_gemm.mxfp4_gemm(
             _bf16(m, g.hidden), _u8(g.moe_inter, g.hidden // 2),
             torch.zeros(g.moe_inter, g.hidden // 32, dtype=torch.float8_e8m0fnu)))
+    for label, n, k in (("wq_a", g.q_lora, g.hidden), ("wq_b", qkv, g.q_lora)):
+        for m in (1, t, PREFILL_TOKENS):
+            add("gemm", f"w8a8_block_gemm {label} M={m} N={n} K={k}", lambda m=m, n=n, k=k: w8a8_gemm.w8a8_block_gemm(
+                torch.zeros(m, k, dtype=torch.float8_e4m3fn), _f32(m, k // 128),
+                torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.zeros(n // 128, k // 128, dtype=torch.float8_e8m0fnu),
+                torch.bfloat16))
     for fmt in ("mxfp4", "fp8"):
         for m in (t, PREFILL_TOKENS):
             add("moe", f"fused_moe {fmt} T={m} E={g.experts} k={g.topk} I={g.moe_inter} D={g.hidden}",
@@ -217,6 +223,11 @@ def variants(g: Geometry) -> list[Variant]:
     for label, width in (("hidden", g.hidden), ("q_lora", g.q_lora), ("head", g.head_dim)):
         add("small ops", f"rms_norm {label} D={width}", lambda width=width: rms_norm.rms_norm(
             _bf16(t, width), _bf16(width), 1e-6))
+    for label, width in (("hidden", g.hidden), ("q_lora", g.q_lora)):
+        add("small ops", f"rms_norm_fp8 {label} D={width}", lambda width=width: act_quant.rms_norm_fp8(
+            _bf16(t, width), _bf16(width), 1e-6, 128))
+    add("small ops", f"fp8_act_quant o_proj K={g.heads * g.head_dim // 8}", lambda: act_quant.fp8_act_quant(
+        _bf16(t, g.heads * g.head_dim // 8), 128))
     add("small ops", f"rms_norm per-head fp32 H={g.heads} D={g.head_dim}", lambda: rms_norm.rms_norm(
         _f32(t, g.heads, g.head_dim), None, 1e-6))
     add("small ops", f"swiglu I={g.moe_inter}", lambda: swiglu.swiglu(
@@ -291,7 +302,7 @@ def _compile(kernel, args: tuple, kwargs: dict, hw: HwTarget):
 def compile_variant(variant: Variant, hw: HwTarget) -> list[tuple[str, KernelStats]]:
     """``(kernel name, stats)`` of every kernel the variant's wrapper launches, compiled for ``hw``."""
     from triton.runtime.jit import JITFunction
-    with target_family(hw.backend), value_checks_off(), _captured_launches() as launches:
+    with target_family(hw.backend, hw.arch), value_checks_off(), _captured_launches() as launches:
         variant.launch()
     if not launches:
         raise RuntimeError(f"{variant.name} launched no Triton kernel")

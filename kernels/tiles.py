@@ -26,7 +26,7 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["TARGET_FAMILIES", "Tiles", "TILES", "device_family", "target_family", "tiles_for"]
+__all__ = ["TARGET_FAMILIES", "Tiles", "TILES", "device_family", "target_family", "tiles_for", "fp8_fnuz"]
 
 TARGET_FAMILIES = ("interpreter", "cuda", "hip")
 
@@ -91,14 +91,26 @@ def tiles_for(device: torch.device) -> Tiles:
     return TILES[getattr(_override, "family", None) or device_family(device)]
 
 
+def fp8_fnuz(device: torch.device) -> bool:
+    """Whether a launch on ``device`` multiplies FP8 as ``e4m3fnuz`` (gfx942, MI300; sm90 and gfx950 take
+    ``e4m3fn``): the :func:`target_family` ``arch`` override first, else the ROCm device's architecture name."""
+    arch = getattr(_override, "arch", None)
+    if arch is not None:
+        return str(arch) == "gfx942"
+    if device.type != "cuda" or not getattr(torch.version, "hip", None):
+        return False
+    return "gfx94" in getattr(torch.cuda.get_device_properties(device), "gcnArchName", "")
+
+
 @contextlib.contextmanager
-def target_family(family: str) -> Iterator[None]:
-    """Within the block (this thread), every wrapper picks ``family``'s tiles whatever its tensors' device."""
+def target_family(family: str, arch: object = None) -> Iterator[None]:
+    """Within the block (this thread), every wrapper picks ``family``'s tiles whatever its tensors' device, and
+    compiles for ``arch`` (e.g. ``"gfx942"``, ``90``) where a kernel's code depends on it (:func:`fp8_fnuz`)."""
     if family not in TILES:
         raise ValueError(f"target family {family!r}; accepted: {', '.join(TILES)}")
-    previous = getattr(_override, "family", None)
-    _override.family = family
+    previous = getattr(_override, "family", None), getattr(_override, "arch", None)
+    _override.family, _override.arch = family, arch
     try:
         yield
     finally:
-        _override.family = previous
+        _override.family, _override.arch = previous
