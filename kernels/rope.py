@@ -57,6 +57,17 @@ def rope_ref(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inve
 if HAS_TRITON:
 
     @triton.jit
+    def rotate_pairs(x, xp, pos, freq, odd, sign):
+        """fp32 ``[rows, cols]``: ``x`` rotated with its pair partners ``xp`` by the angle ``pos * freq`` (times
+        ``sign``); ``odd`` says which member of its pair each column is. The arithmetic of every kernel that
+        rotates (``rope``, ``rope_kv_write``), written once so that they compile to the same instructions."""
+        angle = pos[:, None] * freq[None, :]
+        c = tl.cos(angle)
+        s = tl.sin(angle) * sign
+        s = tl.where((odd == 1)[None, :], s, -s)
+        return x * c + xp * s
+
+    @triton.jit
     def _rope_kernel(x_ptr, pos_ptr, freq_ptr, out_ptr, rows, heads, width, rope_dim, sign,
                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
         r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # rows of [T * heads, width]
@@ -73,11 +84,7 @@ if HAS_TRITON:
         xp = tl.load(x_ptr + base + partner[None, :], mask=ok, other=0.0).to(tl.float32)
         pos = tl.load(pos_ptr + r // heads, mask=live, other=0).to(tl.float32)
         freq = tl.load(freq_ptr + rel // 2, mask=rotated, other=0.0)
-        angle = pos[:, None] * freq[None, :]
-        c = tl.cos(angle)
-        s = tl.sin(angle) * sign
-        s = tl.where((odd == 1)[None, :], s, -s)
-        rot = x * c + xp * s
+        rot = rotate_pairs(x, xp, pos, freq, odd, sign)
         y = tl.where(rotated[None, :], rot, x)
         tl.store(out_ptr + base + col[None, :], rounded_for(y, out_ptr.dtype.element_ty), mask=ok)
 
