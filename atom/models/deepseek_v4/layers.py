@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fused_ops import active_small_ops
+from .fused_ops import active_small_ops, attach_fp8_input, attached_fp8_input
 from .quant import act_quant_block, fp8_roundtrip
 
 
@@ -59,6 +59,13 @@ class Linear(nn.Module):
     A quantized layer multiplies through one kernel op (``fp8_block_gemm`` / ``mxfp4_gemm``, the torch
     reference until :meth:`bind_gemm` binds the backend's), computes in ``dtype`` and, when ``act_quant`` is
     set, first round-trips its input through FP8 as the official forward does.
+
+    W8A8 (:attr:`w8a8` set by :meth:`bind_gemm`): an FP8 layer with ``act_quant`` bound to a GPU backend (Triton or
+    aiter) quantizes its input once (``fp8_act_quant``, or the FP8 rows a fused norm attached to it) and multiplies
+    the FP8 activations on FP8 tensor cores (``w8a8_block_gemm``): the same exact products as the round trip and
+    the weight-only GEMM, summed in another fp32 order (:mod:`atom.kernels.w8a8_gemm`). The torch backend (the
+    CPU engine, compared with the reference model value for value) keeps the round trip and the weight-only GEMM,
+    and so does a layer whose input blocks span ranks (a :meth:`quantize_input` override).
     """
 
     def __init__(self, in_features: int, out_features: int, *,
@@ -68,6 +75,7 @@ class Linear(nn.Module):
         self.dtype = dtype if dtype is not None else torch.get_default_dtype()
         self.fmt, self.act_block = "dense", 0
         self.gemm: Callable[..., torch.Tensor] | None = None
+        self.w8a8: tuple[Callable[..., Any], Callable[..., torch.Tensor]] | None = None  # (fp8_act_quant, GEMM)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         self.scale: nn.Parameter | None = None
 
@@ -101,23 +109,38 @@ class Linear(nn.Module):
     def bind_gemm(self, kernels: Any) -> None:
         """Multiply with ``kernels``' implementation of :attr:`gemm_op` (None: the torch reference)."""
         op = self.gemm_op
+        self.w8a8 = None
         if op is None:
             return
         if kernels is None:
             from atom.kernels.backend import get_kernel
 
             self.gemm = get_kernel(op, "torch")
-        else:
-            self.gemm = getattr(kernels, op)
+            return
+        self.gemm = getattr(kernels, op)
+        if self.fmt == "fp8" and self.act_block >= 16 and self.dtype in (torch.float32, torch.bfloat16) \
+                and type(self).quantize_input is Linear.quantize_input \
+                and getattr(kernels, "sources", {}).get("w8a8_block_gemm", "torch") != "torch":
+            self.w8a8 = (kernels.fp8_act_quant, kernels.w8a8_block_gemm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fmt == "dense":
             return F.linear(x.to(self.weight.dtype), self.weight)
         assert self.gemm is not None and self.scale is not None
+        if self.w8a8 is not None:
+            return self._forward_w8a8(x)
         x2 = x.to(self.dtype).reshape(-1, self.in_features)
         if self.act_block:
             x2 = self.quantize_input(x2)
         return self.gemm(x2, self.weight, self.scale).reshape(*x.shape[:-1], self.out_features)
+
+    def _forward_w8a8(self, x: torch.Tensor) -> torch.Tensor:
+        """FP8 activations (attached by a fused norm, else quantized here) times the FP8 weight."""
+        quantize, gemm = self.w8a8
+        given = attached_fp8_input(x, self.act_block) if x.dtype == self.dtype else None
+        xq, xs = given if given is not None else quantize(x.to(self.dtype).reshape(-1, self.in_features),
+                                                          self.act_block)
+        return gemm(xq, xs, self.weight, self.scale, self.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
         """The FP8 round-trip of the GEMM input ``x [M, in]`` in blocks of ``act_block`` inputs (a layer whose
@@ -136,9 +159,15 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device))
+        #: the activation block of the W8A8 linears this norm feeds (0: none); inside :func:`fused_small_ops` the
+        #: norm then also quantizes its output in the same launch (``rms_norm_fp8``) and attaches it for them
+        self.fp8_block = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernels = active_small_ops()
+        if kernels is not None and self.fp8_block:
+            y, xq, xs = kernels.rms_norm_fp8(x.reshape(-1, x.shape[-1]), self.weight, self.eps, self.fp8_block)
+            return attach_fp8_input(y.view(x.shape), self.fp8_block, xq, xs)
         if kernels is not None:  # a GPU backend's fused kernel (see fused_ops.py)
             return kernels.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype

@@ -23,6 +23,10 @@ from .moe import ServingMoE
 
 __all__ = ["ServingBlock", "ServingMTPBlock", "hc_post_accumulate"]
 
+#: the norms of a block whose output feeds FP8 linears, and those linears (paths in the block; absent ones skipped)
+FP8_NORM_INPUTS = {"attn_norm": ("attn.wq_a", "attn.wkv"), "attn.q_norm": ("attn.wq_b", "attn.indexer.wq_b"),
+                   "ffn_norm": ("ffn.shared_experts.w1", "ffn.shared_experts.w3")}
+
 
 def hc_post_accumulate(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
                        ) -> torch.Tensor:
@@ -43,6 +47,7 @@ class ServingBlock(BlockWeights):
     ffn_class = ServingMoE
     attn: ArenaAttention
     ffn: ServingMoE
+    _fp8_norms_for: KernelSet | None = None  # the kernel set :meth:`bind_fp8_norms` last ran for
 
     def small_ops(self) -> KernelSet | None:
         """The kernel set whose fused small ops (RMSNorm, RoPE, ``hc_pre``, ``hc_post``) this block runs: the
@@ -75,8 +80,26 @@ class ServingBlock(BlockWeights):
         k = self.small_ops()
         if k is None:
             return self._forward(h, step, tables)
+        if self._fp8_norms_for is not k:
+            self.bind_fp8_norms()
+            self._fp8_norms_for = k
         with fused_small_ops(k):
             return self._forward(h, step, tables)
+
+    def bind_fp8_norms(self) -> None:
+        """Give each norm of :data:`FP8_NORM_INPUTS` the activation block of the W8A8 linears it feeds (``Linear.w8a8``
+        bound; 0 when none is, or they disagree), so on a GPU backend it quantizes its output for them in its own
+        launch (``rms_norm_fp8``) instead of each linear launching ``fp8_act_quant``."""
+        for norm_path, linear_paths in FP8_NORM_INPUTS.items():
+            blocks = set()
+            for path in linear_paths:
+                try:
+                    lin = self.get_submodule(path)
+                except AttributeError:  # no indexer on this layer, no shared expert
+                    continue
+                if getattr(lin, "w8a8", None) is not None:
+                    blocks.add(lin.act_block)
+            self.get_submodule(norm_path).fp8_block = blocks.pop() if len(blocks) == 1 else 0
 
     def _forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
         rw = self.cfg.batch_invariant
