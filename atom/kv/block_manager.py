@@ -45,7 +45,7 @@ from atom.kv.kv_layout import KvLayout
 from atom.kv.tables import HostCopy, NewTables, TableUpdate
 from atom.kv.page_map import COMPRESS, STATE, SWA, LogicalPageMap
 from atom.kv.pin_guard import longest_fitting_chunk, pinned_prefix_blocks
-from atom.kv.prefix_index import PrefixIndex, PrefixNode
+from atom.kv.prefix_index import NO_NODE, PrefixIndex
 from atom.kv.prefix_stats import PrefixStats
 from atom.kv.kv_request import KvRequest
 from atom.kv.state_slots import StatePages
@@ -124,7 +124,7 @@ class BlockManager:
         comp = self.comp.hit_blocks(chain) if self.has_compressed else len(chain)
         return self.swa.bounded_hit(chain, comp, token_ids)[1] * self.block_size
 
-    def _match(self, seq: KvRequest) -> tuple[PrefixMatch, list[PrefixNode]]:
+    def _match(self, seq: KvRequest) -> tuple[PrefixMatch, list[int]]:
         limit = (len(seq) - 1) // self.block_size
         if not self.prefix_caching or limit == 0:
             return PrefixMatch(0, 0, 0, 0), []
@@ -133,7 +133,8 @@ class BlockManager:
         comp = self.comp.hit_blocks(chain) if self.has_compressed else len(chain)
         host = self.host
         if host is not None and self.has_compressed:
-            both = next((j for j, node in enumerate(chain) if node.comp < 0 and node.host_comp < 0), len(chain))
+            comp_at, host_at = self.index.comp, self.index.host_comp
+            both = next((j for j, node in enumerate(chain) if comp_at[node] < 0 and host_at[node] < 0), len(chain))
         else:
             both = comp
         evicted = 0
@@ -152,7 +153,7 @@ class BlockManager:
         chain = self.index.chain(seq.hashes_upto(j + 1), seq.block_keys, j + 1)
         if len(chain) <= j:
             return None
-        bid = chain[j].comp if owner == COMPRESS else chain[j].swa
+        bid = (self.index.comp if owner == COMPRESS else self.index.swa)[chain[j]]
         return None if bid < 0 else bid
 
     # ---- admission and growth -----------------------------------------------------------------
@@ -170,10 +171,13 @@ class BlockManager:
         start, blocks = match.blocks * self.block_size, match.blocks
         num_new = min(len(seq) - start, max_new)
         window = range(max(0, blocks - self.swa.tail_blocks), blocks)
-        claimed = {COMPRESS: [chain[j].comp for j in range(blocks) if chain[j].comp >= 0] if self.has_compressed else [],
-                   SWA: [chain[j].swa for j in window if chain[j].swa >= 0]}
-        restore = {COMPRESS: [chain[j] for j in range(blocks) if chain[j].comp < 0] if self.has_compressed else [],
-                   SWA: [chain[j] for j in window if chain[j].swa < 0]} if match.from_host else None
+        comp_at, swa_at = self.index.comp, self.index.swa
+        comp_ids = list(map(comp_at.__getitem__, chain[:blocks])) if self.has_compressed else []
+        swa_ids = list(map(swa_at.__getitem__, chain[window.start:blocks]))
+        claimed = {COMPRESS: [bid for bid in comp_ids if bid >= 0] if -1 in comp_ids else comp_ids,
+                   SWA: [bid for bid in swa_ids if bid >= 0]}
+        restore = {COMPRESS: [chain[j] for j in range(blocks) if comp_at[chain[j]] < 0] if self.has_compressed else [],
+                   SWA: [chain[j] for j in window if swa_at[chain[j]] < 0]} if match.from_host else None
         extra = (len(restore[SWA]), len(restore[COMPRESS])) if restore else (0, 0)
         if not self._admission_fits(blocks, num_new, claimed, extra=extra):
             return 0
@@ -236,7 +240,7 @@ class BlockManager:
             return self._room_possible(swa, comp, state, {COMPRESS: protected}, keep_pins=True)
         return longest_fitting_chunk(start, num_new, b, fits) or min(num_new, b - start % b)
 
-    def _claim_hit(self, h: KvHoldings, chain: list[PrefixNode], blocks: int) -> None:
+    def _claim_hit(self, h: KvHoldings, chain: list[int], blocks: int) -> None:
         if self.has_compressed:
             self.comp.claim_hit(h, chain, blocks)
         self.swa.claim_hit(h, chain, blocks)
@@ -401,7 +405,7 @@ class BlockManager:
         grows from its tip; where a block's hash is held by another prefix the chain breaks and the
         rest of the request stays private."""
         first, tip = h.published_upto, h.tip
-        if first > 0 and tip is None:
+        if first > 0 and tip < 0:
             return  # the chain broke earlier
         nodes = self.index.extend(tip, first, seq.hashes_upto(full), seq.block_keys, full)
         if nodes:
@@ -413,7 +417,7 @@ class BlockManager:
             h.tip = tip = nodes[-1]
         if len(nodes) < full - first:
             self.index.unref(tip)
-            h.tip = None
+            h.tip = NO_NODE
 
     # ---- the end ------------------------------------------------------------------------------
     def free(self, seq: KvRequest) -> None:
@@ -423,7 +427,7 @@ class BlockManager:
             self._set_frontier(seq, h.published_upto, -1)  # (a request past its prompt has no entry)
         self.comp.release_all(h)
         self.swa.release_all(h)
-        if h.tip is not None:
+        if h.tip >= 0:
             self.index.unref(h.tip)
         self.slots.give_back(h)
         # the holdings object is dropped with its tables: nothing reads it again
@@ -483,7 +487,7 @@ class BlockManager:
         self.swa.pool.check_integrity(swa_holders)
         self.arena.check_integrity()
         self.slots.check_integrity(list(self.holdings.values()))
-        self.index.check_integrity([h.tip for h in self.holdings.values() if h.tip is not None])
+        self.index.check_integrity([h.tip for h in self.holdings.values() if h.tip >= 0])
         if self.host is not None:
             self.host.check_integrity()
         assert self.swa.num_pins <= max(self.swa.max_pins, 0)

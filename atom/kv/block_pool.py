@@ -9,7 +9,7 @@ Every id is in exactly one state::
     used    - ref > 0, has a page                    (held by requests and/or a pin)
     cached  - ref 0, has a page and a prefix node    (LRU order; evicted lazily, only for room)
 
-A published block hangs on its :class:`~atom.kv.prefix_index.PrefixNode` (the verified
+A published block hangs on its prefix node (:mod:`atom.kv.prefix_index`: an integer id, the verified
 prefix it was computed under). Per-id state is kept in flat lists (``ref``, ``node``, ``pages``,
 ...) and every per-request operation has a batched form (:meth:`allocate`, :meth:`release_many`),
 so admitting, growing and freeing a long request costs a few list passes, not a Python object per
@@ -33,7 +33,7 @@ from itertools import chain
 from typing import Callable, Collection, Iterable, Sequence
 
 from atom.kv.page_map import LogicalPageMap, Owner
-from atom.kv.prefix_index import PrefixIndex, PrefixNode
+from atom.kv.prefix_index import NO_NODE, PrefixIndex
 
 __all__ = ["BlockPool"]
 
@@ -48,9 +48,9 @@ class BlockPool:
         self.owner = owner
         self.arena = arena
         self.index = index
-        self._attr = "comp" if owner == Owner.COMPRESS else "swa"  # the PrefixNode field of this pool
+        self._at = index.comp if owner == Owner.COMPRESS else index.swa  # node -> this pool's block there
         self.ref = [0] * num_ids
-        self.node: list[PrefixNode | None] = [None] * num_ids
+        self.node = [NO_NODE] * num_ids  # the prefix node each published id hangs on
         self.pages = [-1] * num_ids  # the arena page of each backed id (a copy of the arena's map)
         self._chunk = [-1] * num_ids  # the arena chunk of each backed id's page (page // pages per chunk)
         self.captured = [False] * num_ids  # SWA: the fused CSA boundary state of the block was written
@@ -66,9 +66,9 @@ class BlockPool:
         self._ppc = arena.pages_per_chunk(owner)
         self.evicted_hashes: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
-        self.on_evict: Callable[[PrefixNode], None] = lambda node: None
+        self.on_evict: Callable[[int], None] = lambda node: None
         # the host tier's write-back: (block id, its node) of a published block about to be evicted
-        self.write_back: Callable[[int, PrefixNode], None] | None = None
+        self.write_back: Callable[[int, int], None] | None = None
         # recompute tokens a cached block saves (the owner's policy; None: all equal, plain LRU)
         self.unlock_tokens: Callable[[int], int] | None = None
         self._clock = 0
@@ -89,9 +89,9 @@ class BlockPool:
         assert page >= 0, f"{self.owner} block {block_id} has no arena page"
         return page
 
-    def published_at(self, node: PrefixNode) -> int | None:
+    def published_at(self, node: int) -> int | None:
         """This pool's block published at ``node``, else None."""
-        bid = getattr(node, self._attr)
+        bid = self._at[node]
         return None if bid < 0 else bid
 
     def is_cached(self, block_id: int) -> bool:
@@ -156,7 +156,7 @@ class BlockPool:
             r = ref[bid] - 1
             ref[bid] = r
             if not r:  # (``x.append`` in place: the interpreter specializes it, not a bound-method local)
-                if nodes[bid] is None:
+                if nodes[bid] < 0:
                     unpublished.append(bid)
                 else:
                     kept.append(bid)
@@ -190,36 +190,32 @@ class BlockPool:
         """Chunk -> this owner's cached pages in it (chunks holding none are absent)."""
         return dict(self._counts())
 
-    def publish(self, block_id: int, node: PrefixNode) -> bool:
+    def publish(self, block_id: int, node: int) -> bool:
         """Publish a fully written block at its prefix node. False if the node already has a block
         of this pool (another request computed the same block first; this copy stays private)."""
         assert self.ref[block_id] > 0, f"{self.owner}: publish of unheld block {block_id}"
         have = self.node[block_id]
-        if have is not None:
-            return have is node
-        if getattr(node, self._attr) >= 0:
+        if have >= 0:
+            return have == node
+        if self._at[node] >= 0:
             return False
         self.node[block_id] = node
-        setattr(node, self._attr, block_id)
-        node.refs += 1
+        self._at[node] = block_id
+        self.index.refs[node] += 1
         return True
 
-    def publish_run(self, block_ids: Sequence[int], nodes: Sequence[PrefixNode]) -> None:
+    def publish_run(self, block_ids: Sequence[int], nodes: Sequence[int]) -> None:
         """:meth:`publish` of ``block_ids[i]`` at ``nodes[i]`` for each i (a compressed run after a
         step), in one loop; a block already published, or a node holding another block of this pool,
         is skipped as :meth:`publish` skips it."""
-        own, ref, attr = self.node, self.ref, self._attr
-        comp = attr == "comp"
+        own, ref, at, refs = self.node, self.ref, self._at, self.index.refs
         for bid, node in zip(block_ids, nodes):
             assert ref[bid] > 0, f"{self.owner}: publish of unheld block {bid}"
-            if own[bid] is not None or (node.comp if comp else getattr(node, attr)) >= 0:
+            if own[bid] >= 0 or at[node] >= 0:
                 continue
             own[bid] = node
-            if comp:
-                node.comp = bid
-            else:
-                setattr(node, attr, bid)
-            node.refs += 1
+            at[node] = bid
+            refs[node] += 1
 
     # ---- eviction -----------------------------------------------------------------------------
     def evict(self, block_id: int) -> None:
@@ -323,14 +319,14 @@ class BlockPool:
     # ---- internals ----------------------------------------------------------------------------
     def _free_many(self, block_ids: list[int]) -> None:
         """Unpublish (ref 0) blocks and return their pages to the arena."""
-        nodes, attr, evicted = self.node, self._attr, self.evicted_hashes
-        if any(map(nodes.__getitem__, block_ids)):  # (a node is truthy; windows leave unpublished)
+        nodes, at, evicted, hash_of = self.node, self._at, self.evicted_hashes, self.index.block_hash
+        if max(map(nodes.__getitem__, block_ids)) >= 0:  # (windows leave unpublished)
             for bid in block_ids:
                 node = nodes[bid]
-                if node is not None:
-                    nodes[bid] = None
-                    setattr(node, attr, -1)
-                    evicted[node.block_hash] = None
+                if node >= 0:
+                    nodes[bid] = NO_NODE
+                    at[node] = -1
+                    evicted[hash_of[node]] = None
                     self.index.unref(node)
             while len(evicted) > _EVICTED_MEMORY:
                 evicted.popitem(last=False)
@@ -363,15 +359,15 @@ class BlockPool:
         for bid in range(self.num_ids):
             ref, node, backed = self.ref[bid], self.node[bid], self.arena.is_backed(self.owner, bid)
             if bid in vacant:
-                assert ref == 0 and node is None and not backed and self.pages[bid] == -1, f"{self.owner}: dirty vacant {bid}"
+                assert ref == 0 and node < 0 and not backed and self.pages[bid] == -1, f"{self.owner}: dirty vacant {bid}"
             elif bid in cached:
-                assert ref == 0 and node is not None and backed, f"{self.owner}: bad cached {bid}"
+                assert ref == 0 and node >= 0 and backed, f"{self.owner}: bad cached {bid}"
             else:
                 assert ref > 0 and backed, f"{self.owner}: used block {bid} ref {ref}"
             if backed:
                 assert self.pages[bid] == self.arena.page(self.owner, bid), f"{self.owner}: block {bid} page copy stale"
                 assert self._chunk[bid] == self.pages[bid] // self._ppc, f"{self.owner}: block {bid} chunk stale"
-            if node is not None:
-                assert getattr(node, self._attr) == bid, f"{self.owner}: node does not point back at {bid}"
+            if node >= 0:
+                assert self._at[node] == bid, f"{self.owner}: node {node} does not point back at {bid}"
             if holders is not None:
                 assert ref == holders.get(bid, 0), f"{self.owner}: block {bid} ref {ref} but {holders.get(bid, 0)} holders"

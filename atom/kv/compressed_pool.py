@@ -18,7 +18,7 @@ from typing import Sequence
 from atom.kv.block_pool import BlockPool
 from atom.kv.kv_holdings import KvHoldings
 from atom.kv.page_map import COMPRESS, LogicalPageMap
-from atom.kv.prefix_index import PrefixIndex, PrefixNode
+from atom.kv.prefix_index import PrefixIndex
 
 __all__ = ["CompressedPool"]
 
@@ -32,16 +32,13 @@ class CompressedPool:
         self.block_size = block_size
         self.keep_cached = keep_cached  # prefix caching on: released published blocks stay cached
 
-    @staticmethod
-    def hit_blocks(chain: Sequence[PrefixNode]) -> int:
-        """Leading blocks of the verified chain whose compressed block is published."""
-        for j, node in enumerate(chain):
-            if node.comp < 0:
-                return j
-        return len(chain)
+    def hit_blocks(self, chain: Sequence[int]) -> int:
+        """Leading blocks of the verified chain (node ids) whose compressed block is published."""
+        ids = list(map(self.pool.index.comp.__getitem__, chain))
+        return ids.index(-1) if -1 in ids else len(ids)
 
-    def claim_hit(self, h: KvHoldings, chain: Sequence[PrefixNode], blocks: int) -> None:
-        ids = [node.comp for node in chain[:blocks]]
+    def claim_hit(self, h: KvHoldings, chain: Sequence[int], blocks: int) -> None:
+        ids = list(map(self.pool.index.comp.__getitem__, chain[:blocks]))
         self.pool.claim_many(ids)
         h.write(COMPRESS, 0, ids, [self.pool.pages[bid] for bid in ids])
 
@@ -55,7 +52,7 @@ class CompressedPool:
         if ids:
             h.write(COMPRESS, len(h.comp.blocks), ids, pages)
 
-    def publish(self, h: KvHoldings, first: int, nodes: Sequence[PrefixNode]) -> None:
+    def publish(self, h: KvHoldings, first: int, nodes: Sequence[int]) -> None:
         """Publish blocks ``first ..`` at ``nodes`` (block ``first + i`` at ``nodes[i]``)."""
         self.pool.publish_run(h.comp.blocks[first:first + len(nodes)], nodes)
 

@@ -8,8 +8,8 @@ page ``p`` of an owner sits at the same byte offsets in the host buffer as devic
 arena, and a copy moves a page's bytes between two buffers of one layout.
 
 The pool is *inclusive*: a block restored to the device keeps its host copy, so when the device
-evicts it again nothing is written. Each copy hangs on the block's prefix node (``node.host_comp`` /
-``node.host_swa``, one reference on the node), so lookups stay the verified chain of
+evicts it again nothing is written. Each copy hangs on the block's prefix node (the index's
+``host_comp[node]`` / ``host_swa[node]``, one reference on the node), so lookups stay the verified chain of
 :mod:`atom.kv.prefix_index` (parent + exact key): a host copy is found only under its exact prefix.
 
 Copy orders accumulate here while the scheduler builds a step and leave with the batch
@@ -28,18 +28,16 @@ as without the tier.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
 
 from atom.kv.chunk_arena import ChunkArena, ChunkBackedFreeList
 from atom.kv.kv_layout import KvLayout
 from atom.kv.page_map import COMPRESS, SWA, Owner
-from atom.kv.prefix_index import PrefixIndex, PrefixNode
+from atom.kv.prefix_index import PrefixIndex
 from atom.kv.tables import HostCopy
 
 __all__ = ["HostPool", "HostTierStats"]
 
 _LRU_WINDOW = 8  # how many of the oldest host copies the valued victim choice looks at
-_ATTR = {SWA: "host_swa", COMPRESS: "host_comp"}
 
 
 @dataclass(slots=True)
@@ -68,6 +66,7 @@ class HostPool:
                              f"({layout.chunk_bytes} B); give at least that (or 0: no host tier)")
         self.layout = layout
         self.index = index
+        self._at = {SWA: index.host_swa, COMPRESS: index.host_comp}  # node -> the host page of its copy
         self.block_size = spec.block_size
         self.chunk_bytes = layout.chunk_bytes
         self.chunks = ChunkArena(self.num_chunks)
@@ -76,7 +75,7 @@ class HostPool:
                                                      "host compress")}
         self.page_bytes = {SWA: layout.swa_page_bytes, COMPRESS: spec.compressed_block_bytes}  # bytes a copy moves
         # host page -> the node its copy hangs on, least recently used first (dict order)
-        self._copies: dict[Owner, dict[int, PrefixNode]] = {SWA: {}, COMPRESS: {}}
+        self._copies: dict[Owner, dict[int, int]] = {SWA: {}, COMPRESS: {}}
         self._used_at: dict[Owner, dict[int, int]] = {SWA: {}, COMPRESS: {}}
         self.next_token: dict[int, int] = {}  # SWA host page -> token after the block (MTP rows)
         self._loading: set[tuple[Owner, int]] = set()  # host pages read by a pending load order
@@ -109,19 +108,19 @@ class HostPool:
         return HostTierStats(**{f: getattr(s, f) for f in s.__slots__})
 
     # ---- write-back ---------------------------------------------------------------------------
-    def store(self, owner: Owner, node: PrefixNode, device_page: int, next_token: int = -1) -> bool:
+    def store(self, owner: Owner, node: int, device_page: int, next_token: int = -1) -> bool:
         """The device evicts the ``owner`` block published at ``node`` from ``device_page``: keep a copy
         (a store order), unless one is kept already. False when no host room could be made."""
-        attr = _ATTR[owner]
-        have = getattr(node, attr)
+        at = self._at[owner]
+        have = at[node]
         if have >= 0:
             self._touch(owner, have)
             return True
         page = self._take(owner)
         if page is None:
             return False
-        setattr(node, attr, page)
-        node.refs += 1
+        at[node] = page
+        self.index.ref(node)
         self._copies[owner][page] = node
         self._used_at[owner][page] = self._tick()
         if owner == SWA and next_token >= 0:
@@ -131,16 +130,16 @@ class HostPool:
         return True
 
     # ---- restore ------------------------------------------------------------------------------
-    def protect(self, owner: Owner, node: PrefixNode) -> None:
+    def protect(self, owner: Owner, node: int) -> None:
         """The copy at ``node`` is about to be loaded: no store may take its page before the orders leave."""
-        page = getattr(node, _ATTR[owner])
-        assert page >= 0, f"protect of a node with no host {owner} copy: {node}"
+        page = self._at[owner][node]
+        assert page >= 0, f"protect of a node with no host {owner} copy: {self.index.describe(node)}"
         self._loading.add((owner, page))
 
-    def load(self, owner: Owner, node: PrefixNode, device_page: int) -> None:
+    def load(self, owner: Owner, node: int, device_page: int) -> None:
         """Restore the copy at ``node`` into ``device_page`` (a load order; the copy stays)."""
-        page = getattr(node, _ATTR[owner])
-        assert page >= 0, f"load of a node with no host {owner} copy: {node}"
+        page = self._at[owner][node]
+        assert page >= 0, f"load of a node with no host {owner} copy: {self.index.describe(node)}"
         self._loading.add((owner, page))
         self._loads[owner][device_page] = page
         self._touch(owner, page)
@@ -199,16 +198,16 @@ class HostPool:
         compressed copies are all worth the same (plain LRU)."""
         if owner != SWA:
             return 0.0
-        node = self._copies[owner][page]
-        if node.comp < 0 and node.host_comp < 0:
+        node, index = self._copies[owner][page], self.index
+        if index.comp[node] < 0 and index.host_comp[node] < 0:
             return 0.0
-        return (node.depth + 1) * self.block_size / (self._clock - self._used_at[owner][page] + 1)
+        return (index.depth[node] + 1) * self.block_size / (self._clock - self._used_at[owner][page] + 1)
 
     def drop(self, owner: Owner, page: int) -> None:
         """Forget the copy on host page ``page`` (its node loses the reference)."""
         node = self._copies[owner].pop(page)
         del self._used_at[owner][page]
-        setattr(node, _ATTR[owner], -1)
+        self._at[owner][node] = -1
         if owner == SWA:
             self.next_token.pop(page, None)
         self._stores[owner].pop(page, None)  # a store into it this step is moot now
@@ -234,7 +233,7 @@ class HostPool:
         return self._clock
 
     # ---- integrity ----------------------------------------------------------------------------
-    def check_integrity(self, live_nodes: Iterable[PrefixNode] = ()) -> None:
+    def check_integrity(self) -> None:
         """Chunks conserved, one owner per chunk; every used host page holds exactly one copy, whose
         node is indexed and points back at it; pending loads read live copies."""
         self.chunks.check_integrity()
@@ -247,7 +246,7 @@ class HostPool:
             assert set(copies) == set(self._used_at[owner]), f"host {owner}: LRU clocks drifted"
             for page, node in copies.items():
                 assert lst.owns_chunk(page // lst.pages_per_chunk), f"host {owner}: page {page} in a chunk it does not own"
-                assert getattr(node, _ATTR[owner]) == page, f"host {owner}: node {node} does not point at page {page}"
+                assert self._at[owner][node] == page, f"host {owner}: node {node} does not point at page {page}"
                 assert self.index.holds(node), f"host {owner}: copy on page {page} hangs on a dropped node"
             for page in self._stores[owner]:
                 assert page in copies, f"host {owner}: store into page {page} that holds no copy"

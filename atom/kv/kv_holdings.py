@@ -7,7 +7,7 @@
     state_slot              the request's compressor-state page (a page of the ``state`` owner), -1 = none
     restore_page            SWA page whose CSA boundary state seeds that page (prefix hit), or -1
     published_upto          blocks 0 .. published_upto-1 are published (or private duplicates)
-    tip                     the prefix node of the last published block (keeps the chain alive)
+    tip                     the prefix node of the last published block (keeps the chain alive), or -1
 
 Every table entry changes through :meth:`KvHoldings.write`, the one place a
 :class:`~atom.kv.tables.TableUpdate` is emitted: one delta per run of consecutive entries,
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from atom.kv.tables import TableUpdate
 from atom.kv.page_map import Owner
-from atom.kv.prefix_index import PrefixNode
+from atom.kv.prefix_index import NO_NODE
 
 __all__ = ["BlockTable", "KvHoldings"]
 
@@ -53,7 +53,7 @@ class KvHoldings:
         self.state_slot = -1
         self.state_fresh = False  # admitted this step: the runner clears the state page first
         self.restore_page = -1
-        self.tip: PrefixNode | None = None
+        self.tip = NO_NODE  # (a prefix node id)
         self.shipped = False  # the runner has the full tables: later changes go as deltas
         self._sink = sink
 

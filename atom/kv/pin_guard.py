@@ -27,14 +27,15 @@ def pinned_prefix_blocks(swa: SlidingWindowPool, comp: BlockPool) -> set[int]:
     node and at every node before it. One walk up each chain, each node visited once."""
     out: set[int] = set()
     seen: set[int] = set()
-    node_of = swa.pool.node
+    node_of, comp_at, parent_of = swa.pool.node, comp.index.comp, comp.index.parent
     for bid in swa.pinned_ids():
         node = node_of[bid]
-        while node is not None and id(node) not in seen:
-            seen.add(id(node))
-            if node.comp >= 0 and comp.is_cached(node.comp):
-                out.add(node.comp)
-            node = node.parent
+        while node >= 0 and node not in seen:
+            seen.add(node)
+            cid = comp_at[node]
+            if cid >= 0 and comp.is_cached(cid):
+                out.add(cid)
+            node = parent_of[node]
     return out
 
 

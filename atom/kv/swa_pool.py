@@ -41,7 +41,7 @@ from atom.config import CacheConfig
 from atom.kv.block_pool import BlockPool
 from atom.kv.kv_holdings import KvHoldings
 from atom.kv.page_map import SWA, LogicalPageMap
-from atom.kv.prefix_index import PrefixIndex, PrefixNode
+from atom.kv.prefix_index import PrefixIndex
 
 __all__ = ["SlidingWindowPool"]
 
@@ -53,6 +53,7 @@ class SlidingWindowPool:
                  tail_blocks: int, cache: CacheConfig, max_pins: int, needs_state: bool, has_compressed: bool,
                  mtp_rows: bool = False) -> None:
         self.pool = BlockPool(SWA, arena, index, num_ids)
+        self.index = index
         self.mtp_rows = mtp_rows
         self.next_token = [-1] * num_ids  # MTP: the token after each published block in its publisher
         self.block_size = block_size
@@ -72,15 +73,15 @@ class SlidingWindowPool:
         that compressed block is gone, or, with CSA layers, its boundary state was never captured).
         Eviction weighs it against age, so a window that unlocks a long cached document outlives
         windows that unlock nothing."""
-        node = self.pool.node[bid]
-        if node is None or not self.has_compressed or (node.comp < 0 and node.host_comp < 0):
+        node, index = self.pool.node[bid], self.index
+        if node < 0 or not self.has_compressed or (index.comp[node] < 0 and index.host_comp[node] < 0):
             return 0
         if self.needs_state and not self.pool.captured[bid]:
             return 0
-        return (node.depth + 1) * self.block_size
+        return (index.depth[node] + 1) * self.block_size
 
     # ---- prefix hits --------------------------------------------------------------------------
-    def bounded_hit(self, chain: Sequence[PrefixNode], limit: int, tokens: Sequence[int] = (),
+    def bounded_hit(self, chain: Sequence[int], limit: int, tokens: Sequence[int] = (),
                     host_next: dict[int, int] | None = None) -> tuple[int, int]:
         """(largest boundary <= ``limit`` whose trailing window blocks are all cached, the same also
         requiring the captured CSA state in the block before it). Both 0 when nothing qualifies
@@ -93,12 +94,11 @@ class SlidingWindowPool:
         block but a host copy counts as cached (a copy was published, so its state was captured)."""
         tail, captured, b_size = self.tail_blocks, self.pool.captured, self.block_size
         follows = self.next_token if self.mtp_rows else None
-        nodes = chain[:limit]
-        if host_next is None:
-            swa = [node.swa for node in nodes]
-        else:  # a host-only copy as -2 - its host page
-            swa = [node.swa if node.swa >= 0 else (-2 - node.host_swa if node.host_swa >= 0 else -1)
-                   for node in nodes]
+        nodes, index = chain[:limit], self.index
+        swa = list(map(index.swa.__getitem__, nodes))
+        if host_next is not None:  # a host-only copy as -2 - its host page
+            host = index.host_swa
+            swa = [bid if bid >= 0 else (-2 - host[n] if host[n] >= 0 else -1) for bid, n in zip(swa, nodes)]
         window_only = with_state = 0
         for b in range(limit, 0, -1):
             bid = swa[b - 1]
@@ -114,10 +114,10 @@ class SlidingWindowPool:
                 break
         return window_only, (with_state if self.needs_state else window_only)
 
-    def claim_hit(self, h: KvHoldings, chain: Sequence[PrefixNode], boundary: int) -> None:
+    def claim_hit(self, h: KvHoldings, chain: Sequence[int], boundary: int) -> None:
         """Give the request the trailing window blocks of a hit at ``boundary`` (earlier: -1)."""
         first = max(0, boundary - self.tail_blocks)
-        ids = [chain[j].swa for j in range(first, boundary)]
+        ids = list(map(self.index.swa.__getitem__, chain[first:boundary]))
         for bid in ids:
             assert bid >= 0, "claim_hit on a boundary that bounded_hit did not allow"
             self.pool.claim(bid)
@@ -149,7 +149,7 @@ class SlidingWindowPool:
         for j, bid, page in zip(missing, ids, pages):
             h.write(SWA, j, [bid], [page])
 
-    def publish_full(self, h: KvHoldings, nodes: Sequence[PrefixNode], first_block: int, computed: int,
+    def publish_full(self, h: KvHoldings, nodes: Sequence[int], first_block: int, computed: int,
                      num_prompt_tokens: int, tokens: Sequence[int] = ()) -> None:
         """Publish blocks ``first_block ..`` at ``nodes`` (all rows written, state captured), except
         those that leave the window now and would not be kept (they are freed at once). ``tokens``:
@@ -243,9 +243,9 @@ class SlidingWindowPool:
         self._unpin(next(iter(self._pins)))
         return True
 
-    def unpin_node(self, node: PrefixNode) -> None:
+    def unpin_node(self, node: int) -> None:
         """The compressed block at ``node`` was evicted: the SWA checkpoint there is unreachable."""
-        bid = node.swa
+        bid = self.index.swa[node]
         if bid >= 0 and bid in self._pins:
             self._unpin(bid)
 

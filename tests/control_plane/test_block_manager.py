@@ -47,7 +47,7 @@ def small_pool(num_chunks: int) -> BlockPool:
 
 def root_node(pool: BlockPool, block_hash: int):
     """A fresh one-block prefix (block 0) with this hash."""
-    return pool.index.extend(None, 0, [block_hash], [block_hash.to_bytes(8, "little")], 1)[0]
+    return pool.index.extend(-1, 0, [block_hash], [block_hash.to_bytes(8, "little")], 1)[0]
 
 
 def test_cached_blocks_are_evicted_least_recently_released_first_preferring_emptier_chunks():
@@ -78,7 +78,7 @@ def test_evicted_ids_are_clean_and_the_whole_capacity_can_be_drained_after_evict
         pool.release(bid)
     while pool.evict_lru():
         pass
-    assert not any(pool.ref) and pool.node == [None] * n and len(pool.index) == 0
+    assert not any(pool.ref) and pool.node == [-1] * n and len(pool.index) == 0
     again, _ = pool.allocate(n)  # every id, the evicted ones included
     assert sorted(again) == list(range(n))
     pool.check_integrity({bid: 1 for bid in again})

@@ -68,7 +68,7 @@ class Model:
             self.refs[bid] = 1
             if rng.random() < 0.8:
                 self.hashes += 1
-                node = self.pool.index.extend(None, 0, [self.hashes], [self.hashes.to_bytes(8, "little")], 1)[0]
+                node = self.pool.index.extend(-1, 0, [self.hashes], [self.hashes.to_bytes(8, "little")], 1)[0]
                 assert self.pool.publish(bid, node)
                 self.published.add(bid)
 
@@ -109,7 +109,7 @@ class Model:
 
     def reclaim(self, rng: random.Random) -> None:
         expected = self.expected_reclaim()
-        hashes, evictions = [self.pool.node[b].block_hash for b in expected], self.pool.num_evictions
+        hashes, evictions = [self.pool.index.block_hash[self.pool.node[b]] for b in expected], self.pool.num_evictions
         assert self.pool.reclaim_chunk() == bool(expected)
         assert self.pool.num_evictions == evictions + len(expected)
         assert list(self.pool.evicted_hashes)[len(self.pool.evicted_hashes) - len(expected):] == hashes  # in LRU order

@@ -16,7 +16,7 @@ LAYOUT = KvLayout.for_chunks(Dsv4KvSpec(**TINY), 12, SchedulerConfig(max_model_l
 
 def pool_with_nodes(host_chunks: int, n: int):
     index = PrefixIndex()
-    nodes = index.extend(None, 0, list(range(1, n + 1)), [bytes([j]) for j in range(n)], n)
+    nodes = index.extend(-1, 0, list(range(1, n + 1)), [bytes([j]) for j in range(n)], n)
     index.ref(nodes[-1])  # a request's tip keeps the chain alive
     return HostPool(LAYOUT, host_chunks * LAYOUT.chunk_bytes, index), index, nodes
 
@@ -37,10 +37,10 @@ def test_a_node_keeps_one_copy_and_the_step_gets_one_order_per_owner_and_directi
     assert pool.store(COMPRESS, nodes[0], 10) and pool.store(COMPRESS, nodes[0], 11)  # the second: already kept
     assert pool.store(SWA, nodes[1], 4)
     stores, loads = pool.take_orders()
-    assert stores == (HostCopy(SWA, (4,), (nodes[1].host_swa,)), HostCopy(COMPRESS, (10,), (nodes[0].host_comp,)))
+    assert stores == (HostCopy(SWA, (4,), (index.host_swa[nodes[1]],)), HostCopy(COMPRESS, (10,), (index.host_comp[nodes[0]],)))
     assert loads == ()
     pool.load(COMPRESS, nodes[0], 7)
-    assert pool.take_orders() == ((), (HostCopy(COMPRESS, (nodes[0].host_comp,), (7,)),))
+    assert pool.take_orders() == ((), (HostCopy(COMPRESS, (index.host_comp[nodes[0]],), (7,)),))
     assert pool.stats.host_bytes_out == pool.page_bytes[COMPRESS] + pool.page_bytes[SWA]
     assert pool.stats.host_bytes_in == pool.page_bytes[COMPRESS]
     pool.check_integrity()
@@ -55,7 +55,7 @@ def test_a_full_pool_drops_the_oldest_copy_but_never_one_a_pending_load_reads():
     pool.take_orders()
     pool.load(SWA, first, 100)  # the oldest copy is being read this step
     assert pool.store(SWA, nodes[-2], 50)  # so the next oldest goes
-    assert first.host_swa >= 0 and second.host_swa == -1
+    assert index.host_swa[first] >= 0 and index.host_swa[second] == -1
     pool.protect(SWA, nodes[-2])
     others = nodes[2:LAYOUT.chunk_pages]
     for n in others:
@@ -66,9 +66,9 @@ def test_a_full_pool_drops_the_oldest_copy_but_never_one_a_pending_load_reads():
 
 
 def test_a_store_whose_copy_was_dropped_in_the_same_step_is_not_ordered():
-    pool, _, nodes = pool_with_nodes(1, 2)
+    pool, index, nodes = pool_with_nodes(1, 2)
     pool.store(COMPRESS, nodes[0], 3)
-    page = nodes[0].host_comp
+    page = index.host_comp[nodes[0]]
     pool.drop(COMPRESS, page)
     assert pool.take_orders() == ((), ())
 

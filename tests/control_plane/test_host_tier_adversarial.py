@@ -192,7 +192,7 @@ def test_a_host_copy_under_another_prefix_is_never_served(monkeypatch):
     h.bm.drop_cache()
     d = h.add(x + rest + [3], max_tokens=1)
     match = h.bm.match_prefix(d)
-    assert h.bm.index.chain(d.hashes_upto(5), d.block_keys, 5)[0].host_comp >= 0  # X is on the host
+    assert h.bm.index.host_comp[h.bm.index.chain(d.hashes_upto(5), d.block_keys, 5)[0]] >= 0  # X is on the host
     assert match.compressed == 1  # block Y's hash and key match, but its copy hangs under X', not X
     h.run()  # the content model fails any read of a row computed under X'
     assert d.stats.reused == 0 and d.status is SequenceStatus.FINISHED_LENGTH  # (X alone has no window)

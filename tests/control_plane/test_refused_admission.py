@@ -11,7 +11,7 @@ def unique(n, salt):
 def full_state(bm: BlockManager) -> dict:
     """Everything the block manager's policies read, in order where order matters."""
     out = {"pins": bm.swa.pinned_ids(), "holdings": sorted(bm.holdings), "updates": list(bm.updates),
-           "index": sorted((n.block_hash, n.refs, n.comp, n.swa) for n in bm.index._nodes.values()),
+           "index": sorted((ix.block_hash[n], ix.refs[n], ix.comp[n], ix.swa[n]) for ix in [bm.index] for n in ix.live()),
            "counters": bm.counters, "frontier": dict(bm._frontier),
            "arena": [(o, bm.arena.num_used(o), bm.arena.owned_chunks(o)) for o in ("compress", "swa", "state")]}
     for name, pool in (("comp", bm.comp.pool), ("swa", bm.swa.pool)):
