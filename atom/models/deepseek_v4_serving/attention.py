@@ -8,7 +8,9 @@ Per layer and step, in this order (each step of it through a kernel of :mod:`ato
 
 1. token-local projections (``AttentionWeights.project``: q, the K=V row, compressor and indexer rows);
 2. ``swa_write``: every token's K=V row into its SWA page (``row = page * row_stride + pos % B``), so the
-   window of every query in the step is in the arena before anyone reads it;
+   window of every query in the step is in the arena before anyone reads it. On a GPU backend
+   ``rope_kv_write`` takes the row before RoPE and rotates it, applies the release's round trip
+   (``quant_sim``) and writes (or encodes) it in the same launch (:attr:`ArenaAttention.fuse_kv_write`);
 3. compressor state. CSA: clear the ring of a newly admitted request, ``csa_boundary_restore`` the
    overlap rows from the SWA page of a prefix hit's last block, pool every entry the chunk completes
    (rows from the ring for positions before the chunk, from the fresh projections inside it), then
@@ -59,6 +61,7 @@ from atom.model_ops.step_inputs import EntryList, PageTables, RowSubset, StepInp
 from atom.models.deepseek_v4.attention import AttentionWeights, Projections
 from atom.models.deepseek_v4.compressor import Compressor
 from atom.models.deepseek_v4.config import DeepseekV4Config
+from atom.models.deepseek_v4.device_constants import on_device
 from atom.models.deepseek_v4.indexer import Indexer
 from atom.models.deepseek_v4.layers import map_rows
 
@@ -76,6 +79,7 @@ class ArenaAttention(AttentionWeights):
         self.views: KvViews | None = None
         self.k: KernelSet | None = None
         self._pending: Projections | None = None  # a step with drafts: its projections until commit()
+        self.fuse_kv_write = False  # set by bind_arena: rope_kv_write rotates, rounds and writes the K=V rows
 
     def bind_arena(self, views: KvViews, kernels: KernelSet) -> None:
         """Keep this layer's rows in ``views`` (its regions of the layout) and run ``kernels``' ops."""
@@ -86,6 +90,16 @@ class ArenaAttention(AttentionWeights):
         self.comp_region = lay.compressed_rows(self.layer_id) if self.ratio else None
         self.index_region = lay.index_rows(self.layer_id) if self.indexer is not None else None
         self._pending = None
+        # a GPU backend rotates, rounds and writes the new K=V rows in one launch; the torch backend keeps the
+        # reference's ops one by one (the CPU engine is compared with the reference model value for value)
+        self.fuse_kv_write = kernels.sources.get("rope_kv_write", "torch") != "torch"
+
+    def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The reference's K=V rows exactly as cached; with :attr:`fuse_kv_write` the rows before RoPE and
+        the release's round trip, which ``rope_kv_write`` applies on the way into the arena."""
+        if self.fuse_kv_write:
+            return self.kv_norm(self.wkv(x))
+        return super().project_kv(x, positions)
 
     # ---- the step -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
@@ -98,8 +112,13 @@ class ArenaAttention(AttentionWeights):
         pos32 = step.derive(("pos32",), lambda: step.positions.to(torch.int32))
         main_codec = self.views.main_codec
         rows = self.views.swa[self.layer_id]
-        self.k.swa_write(_values(p.kv, rows, main_codec), rows, tables.swa, step.token_slot, pos32,
-                         block_size=self.block_size, row_stride=self.swa_region.page_rows, codec=main_codec)
+        if self.fuse_kv_write:
+            self.k.rope_kv_write(p.kv, rows, tables.swa, step.token_slot, pos32, on_device(self.freqs, x.device),
+                                 block_size=self.block_size, row_stride=self.swa_region.page_rows,
+                                 fp8_block=self.cfg.fp8_block if self.cfg.quant_sim else 0, codec=main_codec)
+        else:
+            self.k.swa_write(_values(p.kv, rows, main_codec), rows, tables.swa, step.token_slot, pos32,
+                             block_size=self.block_size, row_stride=self.swa_region.page_rows, codec=main_codec)
         comp_idx = None
         self._pending = p if self.ratio and step.committed is not None else None
         if self.ratio and self.indexer is None:

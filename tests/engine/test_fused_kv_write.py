@@ -1,0 +1,48 @@
+"""The serving attention's fused K=V row write (``rope_kv_write``): taken on the Triton backend, where it gives the
+engine's logits and arena bytes of the unfused path (the rope kernel, the round trip, ``swa_write``) bit for bit
+with one launch fewer per layer; never taken on the torch backend, whose engine stays the reference's ops."""
+
+import pytest
+import torch
+
+from atom.bench.kernel_count import KernelCounter
+from atom.models.deepseek_v4_serving.attention import ArenaAttention
+from atom.sampling_params import SamplingParams
+
+PROMPT = [(29 * i + 7) % 500 + 1 for i in range(20)]  # crosses the tiny model's 16-token block
+
+
+def attention_layers(engine) -> list[ArenaAttention]:
+    return [m for m in engine.runner.model.modules() if isinstance(m, ArenaAttention)]
+
+
+def run(engine) -> tuple[list[int], list[torch.Tensor], KernelCounter, int]:
+    """(greedy tokens, logits of every step, launches counted, forward steps) of one request to completion."""
+    seq = engine.sequence(engine.add_request(PROMPT, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)))
+    logits, steps = [], 0
+    with KernelCounter() as count:
+        while engine.has_unfinished_requests():
+            step = engine.step_detailed()
+            steps += 1
+            logits += [step.output.logits[item.seq_id].clone() for item in step.batch.seqs]
+    return seq.output_token_ids, logits, count, steps
+
+
+def test_the_torch_backend_keeps_the_unfused_write_and_the_triton_backend_fuses_it(make_engine):
+    assert not any(a.fuse_kv_write for a in attention_layers(make_engine(backend="torch")))
+    assert all(a.fuse_kv_write for a in attention_layers(make_engine(backend="triton")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows,quant_sim", [("fp32", False), ("fp8", True)], ids=["fp32-rows", "fp8-rows-quant-sim"])
+def test_on_triton_the_fused_write_gives_the_unfused_paths_logits_and_arena_bytes(make_engine, rows, quant_sim):
+    fused = make_engine(backend="triton", kv_cache_dtype=rows, quant_sim=quant_sim, budget=24)
+    unfused = make_engine(backend="triton", kv_cache_dtype=rows, quant_sim=quant_sim, budget=24)
+    for layer in attention_layers(unfused):
+        layer.fuse_kv_write = False  # the path before the fusion: rope kernel, round trip, swa_write kernel
+    tokens, logits, count, steps = run(fused)
+    want_tokens, want_logits, want_count, want_steps = run(unfused)
+    assert tokens == want_tokens and steps == want_steps and len(logits) == len(want_logits) > 0
+    assert all(torch.equal(a, b) for a, b in zip(logits, want_logits))
+    assert torch.equal(fused.runner.views.buffer, unfused.runner.views.buffer)
+    assert want_count.triton - count.triton == steps * len(attention_layers(fused))
