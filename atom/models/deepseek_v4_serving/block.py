@@ -24,7 +24,8 @@ from .moe import ServingMoE
 __all__ = ["ServingBlock", "ServingMTPBlock", "hc_post_accumulate"]
 
 #: the norms of a block whose output feeds FP8 linears, and those linears (paths in the block; absent ones skipped)
-FP8_NORM_INPUTS = {"attn_norm": ("attn.wq_a", "attn.wkv"), "attn.q_norm": ("attn.wq_b", "attn.indexer.wq_b"),
+FP8_NORM_INPUTS = {"attn_norm": ("attn.wq_a", "attn.wkv", "attn.indexer.weights_proj"),
+                   "attn.q_norm": ("attn.wq_b", "attn.indexer.wq_b"),
                    "ffn_norm": ("ffn.shared_experts.w1", "ffn.shared_experts.w3")}
 
 
