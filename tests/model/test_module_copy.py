@@ -1,5 +1,6 @@
-"""Fresh copies of uninitialised modules equal a new build; the loader's copies of formatted twins equal
-``set_format``; the loader's tensor listing equals ``state_dict``; loading pauses the cyclic collector."""
+"""Fresh copies of uninitialised modules equal a new build (formatted Linears included: the routed experts are
+copies of a formatted first one); the loader's tensor listing equals ``state_dict``; loading pauses the cyclic
+collector and resumes it without a pass over what the load made."""
 
 from __future__ import annotations
 
@@ -92,6 +93,24 @@ def test_loading_pauses_the_cyclic_collector_and_restores_its_state(tmp_path, mo
         assert not gc.isenabled()  # it was off before, so it stays off
     finally:
         gc.enable()
+
+
+def test_resuming_the_collector_after_a_pause_runs_no_pass_over_the_objects_made_in_it():
+    started: list[int] = []
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.callbacks.append(record)
+    try:
+        with collection_paused():
+            held = [[i] for i in range(20_000)]  # far over the young generation's threshold of 700
+        after = [[i] for i in range(10)]
+    finally:
+        gc.callbacks.remove(record)
+    assert started == [] and gc.isenabled() and gc.get_freeze_count() == 0
+    assert any(o is held[-1] for o in gc.get_objects(generation=2)) and after
 
 
 def test_a_template_makes_copies_that_share_no_tensor_module_or_hook_dict():

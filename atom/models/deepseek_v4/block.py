@@ -40,7 +40,8 @@ class BlockWeights(nn.Module):
     ffn_class: type[MoEWeights]
 
     def __init__(self, cfg: DeepseekV4Config, layer_id: int, *, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, expert_format: str = "dense") -> None:
+        """``expert_format``: the storage of the routed experts' Linears (see :class:`MoEWeights`)."""
         super().__init__()
         self.cfg, self.layer_id = cfg, layer_id
         kw = dict(dtype=dtype, device=device)
@@ -50,7 +51,7 @@ class BlockWeights(nn.Module):
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, **kw)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, **kw)
         self.attn = self.attention_class(cfg, layer_id, **kw)
-        self.ffn = self.ffn_class(cfg, layer_id, **kw)
+        self.ffn = self.ffn_class(cfg, layer_id, expert_format=expert_format, **kw)
 
     def hc_mix(self, h: torch.Tensor, prefix: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Token-local: ``hc_pre`` of the stream ``h`` with the mix ``prefix`` (``hc_attn`` / ``hc_ffn``):
@@ -92,8 +93,8 @@ class MTPWeights(BlockWeights):
     embedding of token t+1. Combined with a block class (``MTPBlock(MTPWeights, Block)``)."""
 
     def __init__(self, cfg: DeepseekV4Config, layer_id: int, *, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None) -> None:
-        super().__init__(cfg, layer_id, dtype=dtype, device=device)
+                 device: torch.device | str | None = None, expert_format: str = "dense") -> None:
+        super().__init__(cfg, layer_id, dtype=dtype, device=device, expert_format=expert_format)
         kw = dict(dtype=dtype, device=device)
         self.e_proj = Linear(cfg.dim, cfg.dim, **kw)
         self.h_proj = Linear(cfg.dim, cfg.dim, **kw)

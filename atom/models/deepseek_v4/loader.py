@@ -4,10 +4,12 @@
 
 1. reads ``config.json`` and every safetensors header (``CheckpointIndex``; sharded checkpoints through
    ``model.safetensors.index.json``) without reading any tensor data;
-2. builds the model on the ``meta`` device (no memory) and gives every Linear whose checkpoint weight has a
-   sibling ``.scale`` its stored format: FP8 e4m3 (``fp8``) or packed e2m1 pairs (``mxfp4``; ``int8`` in the
-   release, kept as ``uint8``).  ``attn.wo_a`` is dequantized to ``dtype`` on load, as the official
-   conversion does, because attention multiplies it per group; ``keep_quantized=False`` dequantizes all;
+2. builds the model on the ``meta`` device (no memory), its routed experts already in the stored format of the
+   first one (``expert_format``: thousands of Linears need no conversion), and gives every other Linear whose
+   checkpoint weight has a sibling ``.scale`` its stored format: FP8 e4m3 (``fp8``) or packed e2m1 pairs
+   (``mxfp4``; ``int8`` in the release, kept as ``uint8``).  ``attn.wo_a`` is dequantized to ``dtype`` on load,
+   as the official conversion does, because attention multiplies it per group; ``keep_quantized=False``
+   dequantizes all;
 3. checks every name, shape and dtype against the model and the free memory of ``device``, failing before
    any data is read with a ``CheckpointError`` naming each bad tensor and what was expected;
 4. reads each file once, its tensors in the order their bytes lie (``ShardFile``: one open and one sequential
@@ -39,7 +41,6 @@ from atom.config import load_hf_config
 from .config import DeepseekV4Config
 from .layers import Linear
 from .model import DeepseekV4Model, ModelWeights
-from .module_copy import ModuleTemplate
 from .quant import dequantize_fp8_weight, dequantize_mxfp4_weight
 from .shard_reader import CheckpointError, ShardFile, TensorEntry, read_header
 
@@ -52,6 +53,7 @@ IGNORED_ALIASES = ("mtp.0.emb.tok_emb.weight", "mtp.0.head.weight")
 _DEQUANT_ON_LOAD = re.compile(r"attn\.wo_a$")
 _FLOATS = ("F64", "F32", "BF16", "F16")
 _SCALES = ("F8_E8M0", "U8")
+_DEQUANTIZED = ("F8_E4M3", "I8", "U8")  # the stored dtypes of a weight dequantized on load
 _STORED_FORMAT = {"F8_E4M3": "fp8", "I8": "mxfp4", "U8": "mxfp4"}
 
 
@@ -171,35 +173,43 @@ def check_fits(needed: int, device: torch.device | str, available: int | None = 
             "pick a smaller checkpoint")
 
 
-def _plan_formats(model: ModelWeights, index: CheckpointIndex, keep_quantized: bool) -> set[str]:
-    """Give each Linear its stored format; return the weight names to dequantize while loading.
+def _expert_format(index: CheckpointIndex, keep_quantized: bool) -> str:
+    """The format the first routed expert's ``w1`` keeps (``dense`` when it is dequantized, has no scale or is
+    absent): what the model builds every routed expert's Linears in, so that a checkpoint whose experts share
+    one format (every release) needs no per-Linear conversion; :func:`_plan_formats` corrects any other."""
+    path = "layers.0.ffn.experts.0.w1"
+    entry = index.entries.get(f"{path}.weight")
+    if not keep_quantized or entry is None or f"{path}.scale" not in index:
+        return "dense"
+    return _STORED_FORMAT.get(entry.dtype, "dense")
 
-    A plain ``Linear`` whose twin (same sizes, dtype, device and format) was already formatted is replaced by a
-    fresh copy of it (:class:`ModuleTemplate`, what ``set_format`` would make, at a fraction of the cost: the routed
-    experts are thousands of such twins)."""
+
+def _plan_formats(modules: dict[str, nn.Module], index: CheckpointIndex, keep_quantized: bool,
+                  act_quant: bool) -> set[str]:
+    """Give each Linear of ``modules`` (a model's ``named_modules()``) its stored format in place; return the
+    weight names to dequantize while loading.
+
+    A Linear whose checkpoint weight has a sibling ``.scale`` keeps the weight's format (``fp8`` / ``mxfp4``)
+    unless it is dequantized on load; every other Linear is dense. One already built in its format (the routed
+    experts, built in :func:`_expert_format`'s) is left as it is, so on a release checkpoint only the few
+    attention and shared-expert Linears are converted."""
+    entries = index.entries
     dequant: set[str] = set()
-    modules = dict(model.named_modules())
-    twins: dict[tuple, ModuleTemplate] = {}
     for path, mod in modules.items():
-        if not isinstance(mod, Linear) or f"{path}.scale" not in index or f"{path}.weight" not in index:
+        if not isinstance(mod, Linear):
             continue
-        stored = index.entries[f"{path}.weight"].dtype
-        fmt = _STORED_FORMAT.get(stored)
-        if fmt is None:
-            raise CheckpointError(f"{path}.weight has a scale but dtype {stored}; a quantized weight must be "
-                                  "F8_E4M3 (fp8) or I8/U8 (packed FP4 pairs)")
-        if not keep_quantized or _DEQUANT_ON_LOAD.search(path):
-            dequant.add(f"{path}.weight")
-            continue
-        key = (mod.in_features, mod.out_features, mod.dtype, mod.weight.device, fmt)
-        twin = twins.get(key) if type(mod) is Linear and mod.fmt == "dense" else None
-        if twin is None:
-            mod.set_format(fmt, act_quant=model.cfg.quant_sim)
-            if type(mod) is Linear:
-                twins[key] = ModuleTemplate(mod)
-        else:
-            owner, _, attr = path.rpartition(".")
-            modules[owner]._modules[attr] = twin.make()
+        weight = entries.get(f"{path}.weight")
+        fmt = "dense"
+        if weight is not None and f"{path}.scale" in entries:
+            fmt = _STORED_FORMAT.get(weight.dtype, "")
+            if not fmt:
+                raise CheckpointError(f"{path}.weight has a scale but dtype {weight.dtype}; a quantized weight must "
+                                      "be F8_E4M3 (fp8) or I8/U8 (packed FP4 pairs)")
+            if not keep_quantized or _DEQUANT_ON_LOAD.search(path):
+                dequant.add(f"{path}.weight")
+                fmt = "dense"
+        if mod.fmt != fmt:
+            mod.set_format(fmt, act_quant=act_quant)
     return dequant
 
 
@@ -223,38 +233,43 @@ def named_tensors(model: nn.Module, modules: dict[str, nn.Module] | None = None)
 def _problems(expected: dict[str, torch.Tensor], index: CheckpointIndex, dequant: set[str],
               skipped: set[str]) -> list[str]:
     """Every mismatch between the checkpoint headers and the (meta) model, as readable lines."""
+    entries = index.entries
     scales = {n[: -len("weight")] + "scale" for n in dequant}
-    out = [f"missing tensor {n} (expected shape {tuple(t.shape)})" for n, t in expected.items() if n not in index]
-    out += [f"unknown tensor {n} (the model has no such parameter)" for n in sorted(index.entries)
-            if n not in expected and n not in scales and n not in skipped]
+    out = [f"missing tensor {n} (expected shape {tuple(t.shape)})" for n, t in expected.items() if n not in entries]
+    out += [f"unknown tensor {n} (the model has no such parameter)"
+            for n in sorted(n for n in entries if n not in expected and n not in scales and n not in skipped)]
+    by_dtype: dict[torch.dtype, tuple[str, ...]] = {}  # the stored dtypes a model dtype accepts, found once each
     for name, target in expected.items():
-        entry = index.entries.get(name)
+        entry = entries.get(name)
         if entry is None:
             continue
-        want = _expected_dtypes(name, target, dequant)
-        if entry.dtype in _STORED_FORMAT and entry.dtype not in want and name.endswith(".weight"):
-            out.append(f"quantized tensor {name} ({entry.dtype}) has no sibling scale tensor "
-                       f"{name[: -len('weight')]}scale")
-        elif entry.dtype not in want:
-            out.append(f"tensor {name} is stored as {entry.dtype}; expected one of {', '.join(want)}")
-        shape = tuple(target.shape)
-        if name in dequant and entry.dtype in ("I8", "U8"):
-            shape = (shape[0], shape[1] // 2)
+        shape = target.shape
+        if name in dequant:
+            want = _DEQUANTIZED
+            if entry.dtype in ("I8", "U8"):
+                shape = (shape[0], shape[1] // 2)
+        else:
+            want = by_dtype.get(target.dtype) or by_dtype.setdefault(target.dtype, _expected_dtypes(target.dtype))
+        if entry.dtype not in want:
+            if entry.dtype in _STORED_FORMAT and name.endswith(".weight"):
+                out.append(f"quantized tensor {name} ({entry.dtype}) has no sibling scale tensor "
+                           f"{name[: -len('weight')]}scale")
+            else:
+                out.append(f"tensor {name} is stored as {entry.dtype}; expected one of {', '.join(want)}")
         if entry.shape != shape:
-            out.append(f"tensor {name} has shape {entry.shape}; the model expects {shape}")
+            out.append(f"tensor {name} has shape {entry.shape}; the model expects {tuple(shape)}")
     return out
 
 
-def _expected_dtypes(name: str, target: torch.Tensor, dequant: set[str]) -> tuple[str, ...]:
-    if name in dequant:
-        return ("F8_E4M3", "I8", "U8")
-    if target.dtype == torch.float8_e4m3fn:
+def _expected_dtypes(dtype: torch.dtype) -> tuple[str, ...]:
+    """The stored dtypes a model tensor of ``dtype`` is read from (a quantized weight: its own format only)."""
+    if dtype == torch.float8_e4m3fn:
         return ("F8_E4M3",)
-    if target.dtype == torch.uint8:
+    if dtype == torch.uint8:
         return ("I8", "U8")
-    if target.dtype == torch.float8_e8m0fnu:
+    if dtype == torch.float8_e8m0fnu:
         return _SCALES
-    if not torch.is_floating_point(target):
+    if not dtype.is_floating_point:
         return ("I64", "I32")
     return _FLOATS
 
@@ -267,6 +282,8 @@ def convert_stored(t: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def _as_target(t: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``t`` as the dtype of ``target``, sharing ``t``'s memory where the dtype allows (for owned buffers)."""
+    if t.dtype == target.dtype:  # most tensors: no conversion call at all
+        return t
     if target.dtype in (torch.uint8, torch.float8_e8m0fnu) and t.dtype in (torch.int8, torch.uint8):
         return t.view(target.dtype)
     return t.to(target.dtype)
@@ -288,13 +305,19 @@ def collection_paused() -> Iterator[None]:
 
     Building and loading a model makes tens of thousands of long-lived objects (modules, parameters, header
     entries) and nothing to collect; left on, the collector runs again and again over the growing heap and cost
-    two thirds of building a 35,000-tensor model on ``meta``."""
+    two thirds of building a 35,000-tensor model on ``meta``. Turned back on as it is, its next pass over the
+    young objects would walk all of them (about 0.1 s after a 35,000-tensor load) to find nothing, so they are
+    first moved to the oldest generation unexamined (``gc.freeze`` then ``gc.unfreeze``), where a full
+    collection still examines them; skipped when something else keeps objects frozen (a pre-fork server)."""
     was_on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_on:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
@@ -316,44 +339,66 @@ def plan_model(directory: str | Path, *, dtype: torch.dtype = torch.float32, kee
     both declare the same parameters.
 
     Raises ``CheckpointError`` naming each tensor that does not match (no tensor data is read)."""
+    model, index, dequant, _, _ = _plan(directory, dtype, keep_quantized, load_mtp, model_class, overrides)
+    return model, index, dequant
+
+
+def _plan(directory: str | Path, dtype: torch.dtype, keep_quantized: bool, load_mtp: bool,
+          model_class: type[ModelWeights], overrides: dict[str, object]
+          ) -> tuple[ModelWeights, CheckpointIndex, set[str], dict[str, nn.Module], dict[str, torch.Tensor]]:
+    """:func:`plan_model`, also returning the model's ``named_modules()`` and :func:`named_tensors` (one walk
+    over the tens of thousands of modules serves the checks, the reads and the switch to evaluation mode)."""
     directory = Path(directory)
     cfg = read_config(directory, **overrides)
     with collection_paused():
         index = CheckpointIndex(directory)
-        model = model_class(cfg, dtype=dtype, device="meta")
+        model = model_class(cfg, dtype=dtype, device="meta", expert_format=_expert_format(index, keep_quantized))
         if not load_mtp:
             model.mtp = nn.ModuleList()
-        dequant = _plan_formats(model, index, keep_quantized)
+        modules = dict(model.named_modules())
+        dequant = _plan_formats(modules, index, keep_quantized, cfg.quant_sim)
         skipped = set(IGNORED_ALIASES) | (set() if load_mtp else {n for n in index.entries if n.startswith("mtp.")})
-        problems = _problems(named_tensors(model), index, dequant, skipped)
+        expected = named_tensors(model, modules)
+        problems = _problems(expected, index, dequant, skipped)
     if problems:
         more = f" (and {len(problems) - 20} more)" if len(problems) > 20 else ""
         raise CheckpointError(f"checkpoint {directory} does not match the model: " + "; ".join(problems[:20]) + more)
-    return model, index, dequant
+    return model, index, dequant, modules, expected
 
 
 def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32,
                     device: torch.device | str = "cpu", keep_quantized: bool = True, load_mtp: bool = True,
                     progress: bool = False, model_class: type[ModelWeights] = DeepseekV4Model,
                     **overrides: object) -> ModelWeights:
-    """The model of ``directory`` on ``device``: dense weights in ``dtype``, quantized ones as stored;
-    ``model_class`` as for :func:`plan_model` (default: the reference model).
+    """The model of ``directory`` on ``device`` in evaluation mode: dense weights in ``dtype``, quantized ones as
+    stored; ``model_class`` as for :func:`plan_model` (default: the reference model).
 
     ``overrides`` set config fields (``quant_sim=True`` also FP8-quantizes the inputs of quantized GEMMs).
     Raises ``CheckpointError`` before reading any data when names, shapes, dtypes or free memory are wrong.
     """
     with collection_paused():  # one pause for both steps (resuming costs a collection over the new objects)
-        model, index, dequant = plan_model(directory, dtype=dtype, keep_quantized=keep_quantized,
-                                           load_mtp=load_mtp, model_class=model_class, **overrides)
-        _read_into(model, index, dequant, device, progress)
-    return model.eval()
+        model, index, dequant, modules, expected = _plan(directory, dtype, keep_quantized, load_mtp, model_class,
+                                                         overrides)
+        _read_into(modules, expected, index, dequant, device, progress)
+        _evaluation_mode(modules)
+    return model
 
 
-def _read_into(model: ModelWeights, index: CheckpointIndex, dequant: set[str], device: torch.device | str,
-               progress: bool) -> None:
-    """Step 4 of :func:`load_checkpoint`: every tensor of ``index`` read into the (planned) ``model``."""
-    modules = dict(model.named_modules())
-    expected = named_tensors(model, modules)
+def _evaluation_mode(modules: dict[str, nn.Module]) -> None:
+    """``model.eval()`` over the model's listed ``modules`` without its recursive walk: each module's
+    ``training`` flag cleared directly; a module that overrides ``train`` (none of this model's does) gets
+    ``train(False)``."""
+    for mod in modules.values():
+        if type(mod).train is nn.Module.train:
+            mod.__dict__["training"] = False
+        else:
+            mod.train(False)
+
+
+def _read_into(modules: dict[str, nn.Module], expected: dict[str, torch.Tensor], index: CheckpointIndex,
+               dequant: set[str], device: torch.device | str, progress: bool) -> None:
+    """Step 4 of :func:`load_checkpoint`: every tensor of ``index`` read into the planned model whose
+    ``named_modules()`` are ``modules`` and whose (meta) tensors are ``expected``."""
     check_fits(sum(t.numel() * t.element_size() for t in expected.values()), device)
     scales = {name[: -len("weight")] + "scale": name for name in dequant}
     waiting: dict[str, torch.Tensor] = {}  # one half of a weight + scale pair whose other half is in a later file

@@ -50,13 +50,17 @@ class ModelWeights(nn.Module):
     mtp_class: type[MTPWeights]
 
     def __init__(self, cfg: DeepseekV4Config, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, expert_format: str = "dense") -> None:
+        """``expert_format``: the storage of every routed expert's Linears (``dense``, ``fp8``, ``mxfp4``; see
+        :class:`~atom.models.deepseek_v4.moe.MoEWeights`); every other Linear is built dense."""
         super().__init__()
         self.cfg = cfg
         kw = dict(dtype=dtype, device=device)
         self.embed = Embedding(cfg.vocab_size, cfg.dim, **kw)
-        self.layers = nn.ModuleList(self.block_class(cfg, i, **kw) for i in range(cfg.n_layers))
-        self.mtp = nn.ModuleList(self.mtp_class(cfg, cfg.n_layers + i, **kw) for i in range(cfg.n_mtp_layers))
+        self.layers = nn.ModuleList(self.block_class(cfg, i, expert_format=expert_format, **kw)
+                                    for i in range(cfg.n_layers))
+        self.mtp = nn.ModuleList(self.mtp_class(cfg, cfg.n_layers + i, expert_format=expert_format, **kw)
+                                 for i in range(cfg.n_mtp_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, **kw)
         self.head = Linear(cfg.dim, cfg.vocab_size, **kw)
         self.hc_head_fn = nn.Parameter(torch.empty(cfg.hc_mult, cfg.hc_mult * cfg.dim, device=device))

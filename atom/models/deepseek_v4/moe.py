@@ -96,11 +96,17 @@ class MoEWeights(nn.Module):
     """
 
     def __init__(self, cfg: DeepseekV4Config, layer_id: int, *, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, expert_format: str = "dense") -> None:
+        """``expert_format``: the storage every routed expert's Linears are built in (``Linear.set_format``, with
+        ``cfg.quant_sim`` as ``act_quant``); a loader passes the checkpoint's, so the thousands of expert Linears
+        need no conversion after the build. The shared expert is built dense."""
         super().__init__()
         kw = dict(dtype=dtype, device=device)
         self.gate = Gate(cfg, layer_id, **kw)
         first = Expert(cfg, **kw)  # the others are fresh copies: the same modules, built far faster
+        if expert_format != "dense":
+            for linear in (first.w1, first.w2, first.w3):
+                linear.set_format(expert_format, act_quant=cfg.quant_sim)
         template = ModuleTemplate(first)
         self.experts = nn.ModuleList(first if i == 0 else template.make() for i in range(cfg.n_routed_experts))
         self.shared_experts = Expert(cfg, **kw)

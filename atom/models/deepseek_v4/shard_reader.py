@@ -12,11 +12,10 @@ count, and no file page stays mapped once its tensor is read.
 from __future__ import annotations
 
 import json
-import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import NamedTuple
 
 import torch
 
@@ -35,9 +34,9 @@ class CheckpointError(ValueError):
     """A checkpoint is incomplete, corrupted, does not match its config or does not fit the device."""
 
 
-@dataclass(frozen=True)
-class TensorEntry:
-    """Where a tensor lies (``file``, absolute byte range ``start:end``) and what its header says."""
+class TensorEntry(NamedTuple):
+    """Where a tensor lies (``file``, absolute byte range ``start:end``) and what its header says (a named tuple:
+    a checkpoint has tens of thousands, and a tuple is the cheapest immutable record to make)."""
 
     file: Path
     dtype: str
@@ -91,12 +90,18 @@ def _entry(path: Path, name: str, info: object, base: int) -> TensorEntry:
     except (TypeError, KeyError, ValueError):
         raise ValueError(f"the header entry of tensor {name} needs dtype, shape and data_offsets: "
                          f"{str(info)[:200]}") from None
-    if dtype not in ITEM_BYTES:
+    item = ITEM_BYTES.get(dtype) if type(dtype) is str else None
+    if item is None:
         raise ValueError(f"tensor {name} has dtype {str(dtype)[:40]}; supported: {', '.join(ITEM_BYTES)}")
-    ints = (*shape, begin, end) if isinstance(shape, list) else None
-    if ints is None or not all(type(v) is int and v >= 0 for v in ints):
+    needed = item
+    valid = type(shape) is list and type(begin) is int and type(end) is int and begin >= 0 and end >= 0
+    for d in shape if valid else ():
+        if type(d) is not int or d < 0:
+            valid = False
+            break
+        needed *= d
+    if not valid:
         raise ValueError(f"tensor {name}: shape {str(shape)[:100]} and data_offsets must be non-negative integers")
-    needed = math.prod(shape) * ITEM_BYTES[dtype]
     if end - begin != needed:
         raise ValueError(f"tensor {name}: data_offsets [{begin}, {end}] hold {end - begin} bytes but shape "
                          f"{tuple(shape)} of {dtype} needs {needed}")
@@ -110,6 +115,8 @@ class ShardFile:
     def __init__(self, path: Path, device: torch.device | str = "cpu") -> None:
         self.path = path
         self.device = torch.device(device)
+        self._on_cpu = self.device.type == "cpu"
+        self._at = 0  # where the file stands: reads in file order need no seek
         try:
             self._file = open(path, "rb", buffering=0)
         except OSError as e:
@@ -127,17 +134,22 @@ class ShardFile:
 
     def read(self, name: str, entry: TensorEntry) -> torch.Tensor:
         """Tensor ``name`` (at ``entry``, a header entry of this file) read into a fresh CPU buffer and moved to
-        the device."""
-        raw = torch.empty(entry.nbytes, dtype=torch.uint8)
+        the device. Per-tensor work is kept to the few calls it needs (a checkpoint may hold tens of thousands
+        of tensors of a few KiB, where they, not the bytes, are the cost)."""
+        n = entry.nbytes
+        raw = torch.empty(n, dtype=torch.uint8)
         try:
-            self._file.seek(entry.start)
-            view, done = memoryview(raw.numpy()), 0
-            while done < entry.nbytes:  # one read returns at most about 2 GiB
-                got = self._file.readinto(view[done:])
+            if self._at != entry.start:
+                self._file.seek(entry.start)
+            self._at = -1  # unknown until the read completes
+            buf, done = raw.numpy(), 0
+            while done < n:  # one read returns at most about 2 GiB
+                got = self._file.readinto(buf if done == 0 else memoryview(buf)[done:])
                 if not got:
-                    raise OSError(f"the file ends {entry.nbytes - done} bytes before the tensor's end")
+                    raise OSError(f"the file ends {n - done} bytes before the tensor's end")
                 done += got
+            self._at = entry.end
         except OSError as e:
             raise CheckpointError(f"tensor {name} in {self.path} is unreadable: {e}") from e
-        tensor = raw.view(TORCH_DTYPES[entry.dtype]).reshape(entry.shape)
-        return tensor if self.device.type == "cpu" else tensor.to(self.device)
+        tensor = (raw if entry.dtype == "U8" else raw.view(TORCH_DTYPES[entry.dtype])).reshape(entry.shape)
+        return tensor if self._on_cpu else tensor.to(self.device)
