@@ -138,7 +138,7 @@ def variants(g: Geometry) -> list[Variant]:
     """Every kernel variant the engine launches at ``g``'s shapes (decode batch :data:`DECODE_TOKENS`)."""
     from . import (act_quant, compressed_write, compressor_state, entry_pool, fp8_ds_mla, fp8_gemm, fp8_index_key,
                    fused_moe, hc_post, hc_pre, hc_sinkhorn, hca_state, index_score, moe_route, mxfp4_gemm, page_copy,
-                   paged_index, rms_norm, rope, sparse_attention, swa_write, swiglu, w8a8_gemm)
+                   paged_index, rms_norm, rope, rope_kv_write, sparse_attention, swa_write, swiglu, w8a8_gemm)
     t, rc, kc = DECODE_TOKENS, g.row_codec, g.key_codec
     seqs, cu, start = _i32(t), torch.arange(t + 1, dtype=torch.int32), _i32(t)
     main_rows, key_rows = _u8(ROWS, rc.row_bytes), _u8(ROWS, kc.row_bytes)
@@ -189,6 +189,14 @@ def variants(g: Geometry) -> list[Variant]:
                     limit=10.0, act_blocks=(128, 128)))
     add("kv write", "swa_write fp8_ds_mla", lambda: swa_write.swa_write(
         _bf16(t, g.head_dim), main_rows, table, seqs, start, block_size=128, row_stride=128, codec=rc))
+    freqs = _f32(g.rope_dim // 2)
+    for fp8_block, label in ((64, " quant_sim"), (0, "")):  # the NoPE round trip of the release numerics, or none
+        add("kv write", f"rope_kv_write fp8_ds_mla{label}", lambda fp8_block=fp8_block: rope_kv_write.rope_kv_write(
+            _bf16(t, g.head_dim), main_rows, table, seqs, start, freqs, block_size=128, row_stride=128,
+            fp8_block=fp8_block, codec=rc))
+    add("kv write", "rope_kv_write bf16 rows quant_sim", lambda: rope_kv_write.rope_kv_write(
+        _bf16(t, g.head_dim), _bf16(ROWS, g.head_dim), table, seqs, start, freqs, block_size=128, row_stride=128,
+        fp8_block=64))
     add("kv write", "compressed_write fp8_ds_mla", lambda: compressed_write.compressed_write(
         _bf16(t, g.head_dim), main_rows, table, seqs, start, codec=rc, **comp_geo))
     add("kv write", "compressed_write fp8 index keys", lambda: compressed_write.compressed_write(

@@ -135,21 +135,8 @@ if HAS_TRITON:
         ok = ok & (page >= 0)
         dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride  # elements (bytes) of rows
         src = t.to(tl.int64) * x_stride
-        # NoPE dims: one block (FP8 scale group) per step, round-tripped and stored or encoded
-        c = tl.arange(0, QB)
-        for b in tl.static_range((NOPE + QB - 1) // QB):
-            col = b * QB + c
-            m = ok[:, None] & (col < NOPE)[None, :]
-            v = tl.load(x_ptr + src[:, None] + col[None, :], mask=m, other=0.0).to(tl.float32)
-            if ROUNDTRIP:
-                v = _fp8_roundtrip(v)
-            if FMT == 1:
-                e = ue8m0_exponent(tl.max(tl.abs(v), axis=1))
-                tl.store(rows_ptr + dst[:, None] + col[None, :], e4m3_bits(v * _pow2(-e)[:, None]), mask=m)
-                tl.store(rows_ptr + dst + NOPE + 2 * ROPE + b, (e + 127).to(tl.uint8), mask=ok)
-            else:
-                tl.store(rows_ptr + dst[:, None] + col[None, :], rounded_for(v, rows_ptr.dtype.element_ty), mask=m)
-        # RoPE dims: rotated as the rope kernel rotates, cast to kv's dtype, then bf16 (round trip / encode)
+        # RoPE dims first (the NoPE blocks after them: the other order spills 4 bytes on sm90 around the slow
+        # path of cos / sin): rotated as the rope kernel rotates, cast to kv's dtype, then bf16 (round trip, encode)
         r = tl.arange(0, ROPE_P2)
         live = r < ROPE
         odd = r % 2
@@ -170,6 +157,20 @@ if HAS_TRITON:
                          tl.zeros([BLOCK_T, PAD_P2], dtype=tl.uint8), mask=ok[:, None] & (p[None, :] < PAD))
         else:
             tl.store(rows_ptr + dst[:, None] + NOPE + r[None, :], rounded_for(y, rows_ptr.dtype.element_ty), mask=m)
+        # NoPE dims: one block (FP8 scale group) per step, round-tripped and stored or encoded
+        c = tl.arange(0, QB)
+        for b in tl.static_range((NOPE + QB - 1) // QB):
+            col = b * QB + c
+            m = ok[:, None] & (col < NOPE)[None, :]
+            v = tl.load(x_ptr + src[:, None] + col[None, :], mask=m, other=0.0).to(tl.float32)
+            if ROUNDTRIP:
+                v = _fp8_roundtrip(v)
+            if FMT == 1:
+                e = ue8m0_exponent(tl.max(tl.abs(v), axis=1))
+                tl.store(rows_ptr + dst[:, None] + col[None, :], e4m3_bits(v * _pow2(-e)[:, None]), mask=m)
+                tl.store(rows_ptr + dst + NOPE + 2 * ROPE + b, (e + 127).to(tl.uint8), mask=ok)
+            else:
+                tl.store(rows_ptr + dst[:, None] + col[None, :], rounded_for(v, rows_ptr.dtype.element_ty), mask=m)
 
 
 def rope_kv_write(kv: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
