@@ -18,6 +18,7 @@ page this owner never held raises :class:`ArenaError`; borrowing from an empty a
 from __future__ import annotations
 
 from atom.validation import require_int
+
 __all__ = ["ArenaEmpty", "ArenaError", "ChunkArena", "ChunkBackedFreeList"]
 
 
@@ -55,6 +56,20 @@ class ChunkArena:
         chunk = self._free.pop()
         self._is_free[chunk] = False
         return chunk
+
+    def acquire_many(self, n: int) -> list[int]:
+        """Take ``n`` free chunks, the same ones in the same order as ``n`` calls of :meth:`acquire`;
+        raises :class:`ArenaEmpty` (taking none) if fewer are free."""
+        free = self._free
+        if n > len(free):
+            raise ArenaEmpty(f"{n} arena chunks wanted, {len(free)} of {self.num_chunks} free")
+        out = free[-n:]
+        del free[-n:]
+        out.reverse()
+        is_free = self._is_free
+        for chunk in out:
+            is_free[chunk] = False
+        return out
 
     def release(self, chunk: int) -> None:
         """Give a chunk back. Releasing a free or unknown chunk raises :class:`ArenaError`."""
@@ -151,12 +166,13 @@ class ChunkBackedFreeList:
         out: list[int] = []
         ppc, by_used, free_local_of = self.pages_per_chunk, self._by_used, self._free_local
         rest = n
-        for used in range(ppc - 1, 0, -1):  # partial chunks, fullest first (latest first in a bucket)
-            bucket = by_used[used]
+        # partial chunks, fullest first (latest first in a bucket); empty buckets are skipped in C
+        for bucket in filter(None, reversed(by_used)):
             while bucket and rest:
                 chunk = next(reversed(bucket))
                 del bucket[chunk]
                 free_local = free_local_of[chunk]
+                used = ppc - len(free_local)
                 k = min(rest, ppc - used)
                 base = chunk * ppc
                 if k == 1:
@@ -170,15 +186,20 @@ class ChunkBackedFreeList:
             if not rest:
                 break
         self._num_used += n - rest
-        while rest > 0:
-            chunk = self.arena.acquire()
-            base, k = chunk * ppc, min(rest, ppc)
+        if rest > 0:  # fresh chunks, taken at once: every one but the last filled
+            chunks = self.arena.acquire_many(-(-rest // ppc))
+            last = chunks.pop()
+            k = rest - len(chunks) * ppc
+            for chunk in chunks:
+                base = chunk * ppc
+                out += range(base, base + ppc)
+                free_local_of[chunk] = []
+            base = last * ppc
             out += range(base, base + k)
-            free_local_of[chunk] = list(range(ppc - 1, k - 1, -1))
+            free_local_of[last] = list(range(ppc - 1, k - 1, -1))
             if k < ppc:
-                by_used[k][chunk] = None
-            self._num_used += k
-            rest -= k
+                by_used[k][last] = None
+            self._num_used += rest
         return out
 
     def free_many(self, pages: list[int]) -> None:
