@@ -12,7 +12,8 @@ Measures, with the compiled Triton kernels and ``triton.testing.do_bench`` (CUDA
   ``swa_write``;
 * with ``--gemm`` instead, the quantized-weight GEMMs (``fp8_block_gemm``, ``mxfp4_gemm``) in TFLOP/s
   (2 M N K / time) and weight GB/s at V4-Flash shapes, bf16 activations, decode to prefill batch sizes,
-  next to a bf16 ``torch.matmul`` of the same shape.
+  next to a bf16 ``torch.matmul`` of the same shape, and the W8A8 GEMM (``w8a8_block_gemm``, FP8 activations)
+  alone and after ``fp8_act_quant``.
 
 Value checks are switched off inside the timed calls (:func:`value_checks_off`): they sync the device
 and were run once, untimed, on the same inputs. It needs a GPU; without one it prints why and exits
@@ -191,6 +192,30 @@ def bench_gemm(dev: str) -> list[dict]:
                 ms = _time_ms(fn)
                 res.append({"kernel": f"{label} M={m} N={n} K={k}", "ms": round(ms, 4),
                             "TFLOP/s": round(flop / ms / 1e9, 2), "GB/s": round(wbytes / ms / 1e6, 1)})
+    res += _bench_w8a8(dev)
+    return res
+
+
+def _bench_w8a8(dev: str) -> list[dict]:
+    """The W8A8 GEMM at the FP8 case's shape: the GEMM on FP8 activations, and with their quantization first
+    (``fp8_act_quant``, what a linear not fed by a fused norm launches)."""
+    from .act_quant import fp8_act_quant
+    from .w8a8_gemm import w8a8_block_gemm
+
+    n, k = 4096, 7168
+    w, s = _random_fp8_weight(n, k, dev)
+    res = []
+    for m in (1, 16, 128, 1024, 4096):
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        xq, xs = fp8_act_quant(x, 128)
+        flop = 2 * m * n * k
+        for label, fn in (("w8a8_block_gemm", lambda: w8a8_block_gemm(xq, xs, w, s, torch.bfloat16)),
+                          ("fp8_act_quant + w8a8_block_gemm",
+                           lambda: w8a8_block_gemm(*fp8_act_quant(x, 128), w, s, torch.bfloat16))):
+            ms = _time_ms(fn)
+            res.append({"kernel": f"{label} M={m} N={n} K={k}", "ms": round(ms, 4),
+                        "TFLOP/s": round(flop / ms / 1e9, 2), "GB/s": round(n * k / ms / 1e6, 1)})
+    return res
 def bench_fp8_rows(dev: str) -> list[dict]:
     """fp8_ds_mla rows: encode-on-write decode ``swa_write`` and decode attention reading byte rows."""
     from .fp8_ds_mla import DSV4_LAYOUT, fp8_ds_mla_quantize
