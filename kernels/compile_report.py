@@ -234,8 +234,8 @@ def variants(g: Geometry) -> list[Variant]:
     for label, width in (("hidden", g.hidden), ("q_lora", g.q_lora)):
         add("small ops", f"rms_norm_fp8 {label} D={width}", lambda width=width: act_quant.rms_norm_fp8(
             _bf16(t, width), _bf16(width), 1e-6, 128))
-    add("small ops", f"fp8_act_quant o_proj K={g.heads * g.head_dim // 8}", lambda: act_quant.fp8_act_quant(
-        _bf16(t, g.heads * g.head_dim // 8), 128))
+    add("small ops", f"fp8_act_quant shared w2 K={g.moe_inter}", lambda: act_quant.fp8_act_quant(
+        _bf16(t, g.moe_inter), 128))
     add("small ops", f"rms_norm per-head fp32 H={g.heads} D={g.head_dim}", lambda: rms_norm.rms_norm(
         _f32(t, g.heads, g.head_dim), None, 1e-6))
     add("small ops", f"swiglu I={g.moe_inter}", lambda: swiglu.swiglu(
