@@ -6,7 +6,8 @@ Python (``nn.Module.__setattr__`` checks every attribute it sets), so building t
 than reading a checkpoint of small tensors. Every parameter of these modules is ``torch.empty`` (never
 initialised), so a copy whose tensors are new ``torch.empty`` tensors of the original's shapes, dtypes and devices
 is the module a new ``__init__`` with the same arguments would build, on any device (contiguous, as these modules
-make them; not ``empty_like``, whose stride logic on ``meta`` runs in Python).
+make them; not ``empty_like``, whose stride logic on ``meta`` runs in Python). On ``meta``, where a tensor has no
+data, the new tensors are clones of one prototype per parameter (new tensors, at half the cost of ``torch.empty``).
 
 :func:`fresh_copy` makes such a copy by filling the instance's ``__dict__`` directly: tensors and submodules are
 new, the ``nn.Module`` bookkeeping containers (parameter / buffer / module dicts, hook dicts, the non-persistent
@@ -46,7 +47,7 @@ class ModuleTemplate:
         self.cls = type(module)
         self.shared: dict[str, object] = {}
         self.containers: list[tuple[str, dict | set]] = []
-        self.params: dict[str, tuple[tuple[int, ...], torch.dtype, torch.device, bool] | None] = {}
+        self.params: dict[str, tuple[tuple[int, ...], torch.dtype, torch.device, bool, torch.Tensor | None] | None] = {}
         self.buffers: dict[str, tuple[tuple[int, ...], torch.dtype, torch.device] | None] = {}
         self.children: dict[str, ModuleTemplate | None] = {}
         for name, value in module.__dict__.items():
@@ -54,7 +55,7 @@ class ModuleTemplate:
             if kind in _SHARED:
                 self.shared[name] = value
             elif name == "_parameters":
-                self.params = {k: None if p is None else (p.shape, p.dtype, p.device, p.requires_grad)
+                self.params = {k: None if p is None else (p.shape, p.dtype, p.device, p.requires_grad, _prototype(p))
                                for k, p in value.items()}
             elif name == "_buffers":
                 self.buffers = {k: None if b is None else (b.shape, b.dtype, b.device) for k, b in value.items()}
@@ -77,12 +78,25 @@ class ModuleTemplate:
         state = self.shared.copy()
         for name, value in self.containers:
             state[name] = value.copy()
-        state["_parameters"] = {k: None if s is None else nn.Parameter(torch.empty(s[0], dtype=s[1], device=s[2]),
-                                                                      requires_grad=s[3])
-                                for k, s in self.params.items()}
+        state["_parameters"] = {k: None if s is None else _parameter(s) for k, s in self.params.items()}
         state["_buffers"] = {k: None if s is None else torch.empty(s[0], dtype=s[1], device=s[2])
                              for k, s in self.buffers.items()}
         state["_modules"] = {k: None if t is None else t.make() for k, t in self.children.items()}
         copy.__dict__.update(state)
         return copy
 
+
+
+def _prototype(p: torch.Tensor) -> torch.Tensor | None:
+    """On the ``meta`` device, a tensor of ``p``'s shape and dtype whose clones are the copies' parameters (a
+    clone of a meta tensor is a new tensor, as ``torch.empty`` makes, in half the time); None elsewhere, where a
+    clone would copy bytes that ``torch.empty`` leaves untouched."""
+    return torch.empty(p.shape, dtype=p.dtype, device=p.device) if p.device.type == "meta" else None
+
+
+def _parameter(spec: tuple[tuple[int, ...], torch.dtype, torch.device, bool, torch.Tensor | None]) -> nn.Parameter:
+    """A new uninitialised parameter of ``spec`` (shape, dtype, device, requires_grad, meta prototype); what
+    ``nn.Parameter(tensor, requires_grad)`` does for a plain tensor, without its Python-level checks."""
+    shape, dtype, device, requires_grad, prototype = spec
+    data = prototype.clone() if prototype is not None else torch.empty(shape, dtype=dtype, device=device)
+    return torch.Tensor._make_subclass(nn.Parameter, data, requires_grad)
