@@ -12,11 +12,12 @@ The attention's K=V row leaves ``kv_norm`` un-rotated. Before it reaches the are
 
 :func:`rope_kv_write_ref` is exactly that chain of torch ops (``rope_ref``, the round trip, ``swa_write_ref``),
 so it equals the unfused path value for value. :func:`rope_kv_write` does all three in registers, one program
-per tile of tokens: each NoPE block is loaded, round-tripped and cast or encoded; the RoPE dims are rotated
-with the ``rope`` kernel's own arithmetic (``rotate_pairs``), so on one device it writes the bytes the
+per tile of tokens: the RoPE dims are rotated with the ``rope`` kernel's own arithmetic (``rotate_pairs``),
+then each NoPE block is loaded, round-tripped and cast or encoded, so on one device it writes the bytes the
 ``rope`` kernel, the round trip and ``swa_write`` write one after the other. Against the torch reference the
-NoPE bytes are identical and the RoPE dims can differ where the device's ``cos`` / ``sin`` differ from
-torch's in the last fp32 bit (then by at most one unit of the stored dtype).
+NoPE values (bytes, scales) are identical and the RoPE dims can differ where the device's ``cos`` / ``sin``
+differ from torch's in the last fp32 bit (by a few fp32 units; after a rounding to bf16, by at most one bf16
+unit).
 
 Sentinels and one write per destination row as in ``swa_write``: ``seq_idx`` or ``positions`` -1 (padding) and
 table entries -1 skip a token; ``positions`` are both the rotation angle's position and the slot's.
