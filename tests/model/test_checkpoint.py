@@ -143,6 +143,19 @@ def test_a_missing_shard_raises_naming_the_file(tmp_path):
         load_checkpoint(tmp_path)
 
 
+@pytest.mark.parametrize(("weight_map", "message"), [
+    ({"embed.weight": 3}, r"'weight_map' must map each tensor name to a file name \(a string\)"),
+    (["model-00001-of-00002.safetensors"], r"'weight_map' must map each tensor name to a file name"),
+    ({"embed.weight": "model-00002-of-00002.safetensors"}, r"listed in model\.safetensors\.index\.json but absent "
+     r"from their files: \['embed\.weight'\]"),
+])
+def test_a_malformed_shard_index_is_refused_saying_what_it_must_hold(tmp_path, weight_map, message):
+    make_tiny_main([str(tmp_path), "--shards", "2"])
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(tmp_path)
+
+
 def test_an_fp8_weight_without_its_scale_is_rejected(tmp_path):
     make_tiny_main([str(tmp_path), "--fp8"])
     _rewrite(tmp_path, lambda t: t.pop("layers.0.attn.wq_a.scale"))

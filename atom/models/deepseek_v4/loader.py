@@ -71,7 +71,8 @@ class CheckpointIndex:
         index = self.directory / INDEX_FILE
         if index.is_file():
             listed = self._weight_map(index)
-            self.files = sorted({self.directory / f for f in listed.values()})
+            shard_names = {f: Path(f).name for f in set(listed.values())}  # a few files for tens of thousands of names
+            self.files = sorted(self.directory / f for f in shard_names)
         else:
             listed = None
             self.files = sorted(self.directory.glob("*.safetensors"))
@@ -82,8 +83,8 @@ class CheckpointIndex:
             self._in_file[path] = [name for name, _ in tensors]
             self.entries.update(tensors)
         if listed is not None:
-            absent = sorted(n for n, f in listed.items() if self.entries.get(n, None) is None
-                            or self.entries[n].file.name != Path(f).name)
+            entries = self.entries
+            absent = sorted(n for n, f in listed.items() if n not in entries or entries[n].file.name != shard_names[f])
             if absent:
                 raise CheckpointError(f"tensors listed in {INDEX_FILE} but absent from their files: {absent[:20]}")
 
@@ -93,7 +94,9 @@ class CheckpointIndex:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{index} is not a safetensors index (a JSON object with 'weight_map'): {e}") from e
-        missing = sorted({f for f in weight_map.values() if not (index.parent / f).is_file()})
+        if not isinstance(weight_map, dict) or not all(type(f) is str for f in weight_map.values()):
+            raise CheckpointError(f"{index}: 'weight_map' must map each tensor name to a file name (a string)")
+        missing = sorted(f for f in set(weight_map.values()) if not (index.parent / f).is_file())
         if missing:
             raise CheckpointError(f"{INDEX_FILE} lists shard files that are missing: {missing}")
         return weight_map
