@@ -31,8 +31,7 @@ runs the same block manager over a fixed split or an ATOM-style arena to compare
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from atom.config import CacheConfig
 from atom.kv.chunk_arena import ArenaEmpty
@@ -55,9 +54,10 @@ from atom.kv.unified_kv_arena import UnifiedKvArena
 __all__ = ["BlockManager", "PrefixMatch"]
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixMatch:
-    """Blocks a prompt can reuse, and why it cannot reuse more (in blocks)."""
+class PrefixMatch(NamedTuple):
+    """Blocks a prompt can reuse, and why it cannot reuse more (in blocks). A named tuple: one is
+    built per admission and per waiting check, and a frozen dataclass's constructor costs several
+    times a tuple's."""
 
     blocks: int  # the hit: blocks 0 .. blocks-1 are reused
     compressed: int  # contiguous compressed blocks found
@@ -241,11 +241,12 @@ class BlockManager:
         return longest_fitting_chunk(start, num_new, b, fits) or min(num_new, b - start % b)
 
     def _claim_hit(self, h: KvHoldings, chain: list[int], blocks: int) -> None:
-        if self.has_compressed:
-            self.comp.claim_hit(h, chain, blocks)
-        self.swa.claim_hit(h, chain, blocks)
-        h.published_upto = h.hit_blocks = blocks
+        """Claim the hit's blocks (a miss claims nothing: the fresh holdings already say so)."""
         if blocks:
+            if self.has_compressed:
+                self.comp.claim_hit(h, chain, blocks)
+            self.swa.claim_hit(h, chain, blocks)
+            h.published_upto = h.hit_blocks = blocks
             h.tip = chain[blocks - 1]
             self.index.ref(h.tip)
             if self.write_through_hits:

@@ -135,8 +135,9 @@ class ChunkBackedFreeList:
 
     def chunks_needed(self, n: int) -> int:
         """Arena chunks that allocating ``n`` more pages would borrow."""
-        short = n - self.free_now()
-        return 0 if short <= 0 else -(-short // self.pages_per_chunk)
+        ppc = self.pages_per_chunk
+        short = n - len(self._free_local) * ppc + self._num_used  # (free_now, inlined: a room check's hot path)
+        return 0 if short <= 0 else -(-short // ppc)
 
     def used_in_chunk(self, chunk: int) -> int:
         return self.pages_per_chunk - len(self._free_local[chunk])

@@ -61,8 +61,9 @@ class UnifiedKvArena(LogicalPageMap):
     def chunks_needed(self, swa: int = 0, compress: int = 0, state: int = 0) -> int:
         """Free chunks of the shared arena an allocation of ``swa`` + ``compress`` + ``state`` new
         pages would borrow (a reserved state pool lends none)."""
-        need = self._lists[SWA].chunks_needed(swa) + self._lists[COMPRESS].chunks_needed(compress)
-        return need + (0 if self._state_pool is not None else self._lists[STATE].chunks_needed(state))
+        lists = self._lists  # (an owner asking for no page needs no chunk: not asked)
+        need = (lists[SWA].chunks_needed(swa) if swa else 0) + (lists[COMPRESS].chunks_needed(compress) if compress else 0)
+        return need + (lists[STATE].chunks_needed(state) if state and self._state_pool is None else 0)
 
     def can_alloc(self, swa: int = 0, compress: int = 0, state: int = 0) -> bool:
         if self._state_pool is not None and state > self._lists[STATE].available():
