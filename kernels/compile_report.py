@@ -186,7 +186,7 @@ def variants(g: Geometry) -> list[Variant]:
             add("moe", f"fused_moe {fmt} T={m} E={g.experts} k={g.topk} I={g.moe_inter} D={g.hidden}",
                 lambda fmt=fmt, m=m: fused_moe.fused_moe(
                     _bf16(m, g.hidden), _f32(m, g.topk), _i32(m, g.topk), *_stacked_experts(g, fmt),
-                    limit=10.0, act_blocks=(128, 128)))
+                    limit=10.0, act_blocks=(128, 128)), _moe_permute_kernel="permute")  # a counting sort: no dot
     add("kv write", "swa_write fp8_ds_mla", lambda: swa_write.swa_write(
         _bf16(t, g.head_dim), main_rows, table, seqs, start, block_size=128, row_stride=128, codec=rc))
     freqs = _f32(g.rope_dim // 2)

@@ -28,7 +28,10 @@ Contract (``fused_moe`` and ``fused_moe_ref`` share it)::
 * Returns each token's sum of its pairs' ``y`` in fp32.
 
 Permutation (both implementations, on the device, nothing read back): the ``T*k`` pairs are sorted by
-expert (``order``), and ``offsets[E + 1]`` (``searchsorted`` of the sorted ids) bound each expert's run.
+expert (``order``), and ``offsets[E + 1]`` bound each expert's run. The reference sorts (``torch.sort``,
+stable, then ``searchsorted`` of the sorted ids); the Triton path runs one launch of
+:func:`~atom.kernels.moe_permute.moe_permute` (a counting sort giving the same order and offsets), which also
+zeroes the output the second GEMM accumulates into.
 
 Triton: one launch for ``w1`` / ``w3`` (two accumulators, SwiGLU, clamp, routing weight and the FP8
 round trip of ``h`` in the epilogue; ``h`` goes to a ``[T*k, I]`` buffer in sorted order) and one for ``w2``
@@ -58,6 +61,7 @@ import torch.nn.functional as F
 from ._common import HAS_TRITON, VALUE_DTYPES, check_rows, check_same_device, next_pow2, require_triton, \
     triton, tl, value_checks_enabled
 from .quant_formats import FP4_GROUP, FP8_BLOCK, e8m0_to_float, fp8_roundtrip, unpack_fp4
+from .moe_permute import moe_permute
 from .tiles import tiles_for
 
 if HAS_TRITON:
@@ -362,10 +366,12 @@ def _inner_contiguous(t: torch.Tensor, twin: torch.Tensor) -> torch.Tensor:
 
 
 def _strides(s: torch.Tensor | None, twin: torch.Tensor | None,
-             device: torch.device) -> tuple[torch.Tensor, int, int]:
-    """The scales as ``uint8`` bits with their expert and row strides (a dummy for dense experts)."""
+             weight: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """The scales as ``uint8`` bits with their expert and row strides; for dense experts (no scales) the
+    ``weight`` itself stands in as the pointer, which the dense kernels never read through (no allocation, no
+    fill launched per call)."""
     if s is None:
-        return torch.zeros(1, 1, 1, dtype=torch.uint8, device=device), 0, 0
+        return weight, 0, 0
     s8 = _inner_contiguous(s, s if twin is None else twin).view(torch.uint8)
     return s8, s8.stride(0), s8.stride(1)
 
@@ -381,17 +387,17 @@ def fused_moe(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w
         raise ValueError("fused_moe: float64 runs on the torch reference only (the CPU verification mode)")
     t, k = route_idx.shape
     e, i, d = w1.shape[0], w1.shape[1], x.shape[1]
-    out = torch.zeros(t, d, dtype=torch.float32, device=x.device)
+    out = torch.empty(t, d, dtype=torch.float32, device=x.device)
     pairs = t * k
     if pairs == 0:
-        return out
-    order, offsets = _permute(route_idx, e, first_expert)
+        return out.zero_()
+    order, offsets = moe_permute(route_idx, e, first_expert, zero=out)  # one launch; it also zeroes out
     h = torch.empty(pairs, i, dtype=x.dtype, device=x.device)
     bm, bn, bk = moe_tiles(pairs, e, x.device)
     row_tiles = triton.cdiv(pairs, bm) + min(e, pairs)
     w1c, w3c, w2c = _inner_contiguous(w1, w3), _inner_contiguous(w3, w1), _inner_contiguous(w2, w2)
-    (s1c, se1, sn1), (s3c, _, _), (s2c, se2, sn2) = (_strides(s1, s3, x.device), _strides(s3, s1, x.device),
-                                                        _strides(s2, s2, x.device))
+    (s1c, se1, sn1), (s3c, _, _) = _strides(s1, s3, w1c), _strides(s3, s1, w3c)
+    s2c, se2, sn2 = _strides(s2, s2, w2c)
     rw = route_w.contiguous()
     x = x.contiguous()
     common = dict(TOPK=k, FMT=_FMT_CODE[fmt], BM=bm, BN=bn, BK=bk, E_PAD=next_pow2(e + 1),

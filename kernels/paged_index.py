@@ -76,6 +76,11 @@ def _check_comp(comp_table, seq_idx, positions, topk, width, geo: CompGeometry) 
     _check_tokens(comp_table, seq_idx, positions, "comp_table")
     check_range("comp_table", comp_table, -1, (2**31 - geo.chunk_rows) // geo.chunk_rows * geo.pages_per_chunk,
                 "pages whose rows fit in int32")
+    if topk is not None:
+        check_index("topk", topk, (seq_idx.shape[0], None))
+        check_same_device(topk=topk, comp_table=comp_table)
+    if not value_checks_enabled():
+        return  # the value checks below compute tensors first (visible entries): device work skipped with them
     vis = _visible(seq_idx, positions, geo.ratio)
     cover = comp_table.shape[1] * geo.entries_per_block
     check_range("completed entries (pos + 1) // ratio", vis, 0, cover + 1, f"comp_table covers {cover} entries")
@@ -83,11 +88,9 @@ def _check_comp(comp_table, seq_idx, positions, topk, width, geo: CompGeometry) 
         check_range(f"completed entries (pos + 1) // ratio (width {width})", vis, 0, width + 1,
                     "raise the hca index width")
         return
-    check_index("topk", topk, (seq_idx.shape[0], None))
-    check_same_device(topk=topk, comp_table=comp_table)
     check_range("topk", topk, -1, cover, "logical entry indices, or -1 = padding")
     live = ((seq_idx >= 0) & (positions >= 0))[:, None]
-    if value_checks_enabled() and bool(((topk.long() >= vis[:, None]) & (topk >= 0) & live).any()):
+    if bool(((topk.long() >= vis[:, None]) & (topk >= 0) & live).any()):
         raise ValueError("topk holds an entry a query cannot see yet (entry i needs i < (pos + 1) // ratio)")
 
 

@@ -24,7 +24,8 @@ decode_ms_b32=<float>`` for the thin-Flash decode (host syncs: the most in any d
 
 ``--kernels`` (run with ``TRITON_INTERPRET=1``) instead counts the device kernels per layer of thin Flash on
 the Triton backend (:mod:`atom.bench.kernel_count`: Triton launches plus aten ops that launch device work;
-views, allocations and metadata excluded) for decode at batch 1 and 32 and a 64-token prefill chunk; its
+views, allocations and metadata excluded) for decode at batch 1 and 32 and a 64-token prefill chunk (the
+decode cases' context is filled on the torch backend; only the counted step runs on Triton); its
 last line is ``kernels_per_layer_b1=<int> kernels_per_layer_b32=<int> kernels_per_layer_prefill64=<int>``.
 """
 
@@ -39,6 +40,7 @@ import torch
 
 from atom.bench.op_count import OpCounter
 from atom.config import CacheConfig, SchedulerConfig
+from atom.kernels.backend import load_kernels
 from atom.kv.block_manager import BlockManager
 from atom.kv.kv_layout import plan_kv_layout
 from atom.model_engine.llm_engine import LLMEngine
@@ -111,18 +113,27 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
 
 
 def measured_step(model: DeepseekV4ForServing, prompts: list[list[int]], decode: bool,
-                  backend: str = "torch", one_prefill: bool = False) -> tuple[ModelRunner, object]:
+                  backend: str = "torch", one_prefill: bool = False,
+                  fill_backend: str | None = None) -> tuple[ModelRunner, object]:
     """``(runner, batch)``: an engine on ``backend`` with ``prompts`` added and the step that decodes every
     request (``decode``) or the first (prefill) step scheduled, ready to run with ``runner.execute``.
-    ``one_prefill``: the token budget takes every prompt at once, so the decode is reached after one step."""
+    ``one_prefill``: the token budget takes every prompt at once, so the decode is reached after one step.
+    ``fill_backend``: the steps before the measured one (the prefill of a decode case) run on this backend
+    instead, and the model is then bound to ``backend`` on the same arena: every backend writes KV rows of the
+    same layout and values (to rounding: the kernel tests hold each Triton kernel to its torch reference), and a
+    step's launches follow the batch's shapes, never the values it reads, so the measured step runs what it
+    would have run, without the interpreter running the whole prefill first."""
     longest = max(map(len, prompts))
     budget = sum(map(len, prompts)) if one_prefill else max(longest, len(prompts))
-    engine = make_engine(model, len(prompts), longest + GREEDY.max_tokens, budget, backend)
+    engine = make_engine(model, len(prompts), longest + GREEDY.max_tokens, budget, fill_backend or backend)
     for p in prompts:
         engine.add_request(p, GREEDY)
     sched, runner = engine.scheduler, engine.runner
     while decode and (sched.waiting or any(s.in_prefill for s in sched.running)):
         engine.step()  # prefill every request, so that the next batch decodes all of them
+    if fill_backend is not None and fill_backend != backend:
+        runner.kernels = load_kernels(backend)
+        model.bind_arena(runner.views, runner.kernels)
     batch = sched.schedule()  # the step measured: run below by the runner alone, repeatedly
     if decode and not (len(batch.seqs) == len(prompts) and all(s.num_tokens == 1 for s in batch.seqs)):
         raise RuntimeError("the requests finished before all of them were decoding together")
@@ -199,7 +210,12 @@ def report(kind: str, batches: tuple[int, ...], context: int, prefills: tuple[in
 def kernel_counts(kind: str, context: int, prefill: int) -> dict[str, int]:
     """Device kernels per layer (:class:`~atom.bench.kernel_count.KernelCounter`: Triton launches plus aten ops
     that launch device work) in the model forward on the Triton backend, for decode at batch 1 and 32 and one
-    prefill chunk of ``prefill`` tokens. Needs ``TRITON_INTERPRET=1`` on a CPU."""
+    prefill chunk of ``prefill`` tokens. Needs ``TRITON_INTERPRET=1`` on a CPU.
+
+    Only the counted step runs on the Triton backend: a decode case's prefill fills the cache on the torch
+    backend (``measured_step``'s ``fill_backend``), which writes the same KV rows to rounding (the launches of
+    a step do not depend on the values), so the interpreter runs one step per case instead of the whole
+    prefill first (over 36 minutes at batch 32 on a shared 2-core machine)."""
     from atom.bench.kernel_count import KernelCounter
 
     model = thin_model(kind)
@@ -208,7 +224,10 @@ def kernel_counts(kind: str, context: int, prefill: int) -> dict[str, int]:
              f"prefill{prefill}": ([prompt(prefill, 0)], False)}
     counts = {}
     for name, (prompts, decode) in cases.items():
-        runner, batch = measured_step(model, prompts, decode, backend="triton", one_prefill=True)
+        runner, batch = measured_step(model, prompts, decode, backend="triton", one_prefill=True,
+                                      fill_backend="torch")
+        for block in model.layers:  # the experts are stacked once per model, at its first fused forward: not
+            block.ffn.expert_stack()  # a cost of the step (the torch backend's prefill did not stack them)
         c = counted_forward(runner, batch, KernelCounter)
         counts[name] = c.total // n
         top = ", ".join(f"{op} {k // n}" for op, k in c.aten.most_common(6))
