@@ -50,9 +50,9 @@ def test_the_triton_gemm_equals_the_reference_up_to_the_fp32_summation_order(gen
     xq, xs = fp8_act_quant_ref(x, block)
     got, want = w8a8_block_gemm(xq, xs, w, s, dtype), w8a8_block_gemm_ref(xq, xs, w, s, dtype)
     assert got.dtype == dtype and got.shape == (m, n)
-    bound = _summation_bound(xq, xs, w, s)
-    if dtype == torch.bfloat16:  # the two fp32 sums may round to neighbouring bf16 values
-        bound = bound + want.double().abs() * 2.0**-8
+    # bf16: the two fp32 sums may also round to neighbouring bf16 values
+    rounding = 0.0 if dtype == torch.float32 else 2.0**-8
+    bound = _summation_bound(xq, xs, w, s) + want.double().abs() * rounding
     assert bool(((got.double() - want.double()).abs() <= bound).all())
 
 
@@ -85,10 +85,9 @@ def test_the_fused_norm_quantizes_its_own_rounded_output(gen, m, d, block, weigh
     y, xq, xs = rms_norm_fp8(x, weight, 1e-6, block)
     ref_y, _, _ = rms_norm_fp8_ref(x, weight, 1e-6, block)
     assert y.dtype == dtype
-    if dtype == torch.float32:
-        torch.testing.assert_close(y, ref_y, rtol=2e-6, atol=2e-6)
-    else:  # one bf16 ulp at most: the fp32 values differ in their last bits before the rounding
-        torch.testing.assert_close(y.float(), ref_y.float(), rtol=2.0**-8, atol=0.0)
+    # fp32: a few ulps; bf16: one bf16 ulp at most (the fp32 values differ in their last bits before the rounding)
+    tol = dict(rtol=2e-6, atol=2e-6) if dtype == torch.float32 else dict(rtol=2.0**-8, atol=0.0)
+    torch.testing.assert_close(y.float(), ref_y.float(), **tol)
     want_q, want_s = fp8_act_quant_ref(y, block)
     assert torch.equal(xq.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(xs, want_s)
     assert torch.equal(rms_norm_fp8_ref(x, weight, 1e-6, block)[0], rms_norm_ref(x, weight, 1e-6))
