@@ -122,7 +122,8 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
                                         quantized="quantization_config" in model.cfg.extra)
         # the MTP layer's KV only when it drafts
         spec = model.cfg.kv_spec(row_format, include_mtp=num_spec > 0, block_size=config.cache.block_size)
-        # speculative steps draft after every step, so they run eagerly
+        # speculative steps run eagerly: the runner can replay verify steps from graphs, but the memory profile
+        # sizes the graph pool from a plain decode step, which has fewer rows than a verify step
         mode = serving_graph_mode(model, enforce_eager=mc.enforce_eager or num_spec > 0, keep_logits=keep_logits,
                                   value_checks=value_checks)
         cache = _profiled_cache(model, spec, config, graphs=mode == "graph", kernel_backend=kernel_backend)

@@ -11,12 +11,22 @@ Modes (``ModelRunner(graph_mode=...)``):
   bucket's first step) and replayed: one launch of the whole recorded step instead of one per op.
   Needs a CUDA device (ROCm builds of torch expose HIP graphs through the same API) and a forward
   that never reads a device value back, which the serving model declares
-  (``supports_decode_graphs``: every routed-expert layer on the grouped path, dense experts all held
-  on this rank).
+  (``supports_decode_graphs``: every routed-expert layer on the fused op; on the torch backend, run
+  by the CPU emulation of capture, a runner in ``padded`` / ``graph`` mode binds quantized and
+  partitioned experts to the fused op's grouped reference, ``host_free_experts``). A tensor-parallel
+  rank captures and replays its own graphs (``atom.parallel.worker.build_rank_runner``), its
+  collectives recorded in them.
 
-Other steps (prefill chunks, steps that admit or resume a request, batches over the largest bucket)
-run eagerly in every mode. A graph is captured per (batch bucket, context bucket): index widths follow
-the longest context in the step (:func:`~atom.model_ops.decode_buffers.context_bucket`), so a few widths
+With speculative decoding the bucketed step is the MTP verify step (every request verifies the runner's
+``drafts`` drafts: ``1 + drafts`` tokens each, every row sampled); its sampling, the acceptance, the
+compressor-state commit of the accepted drafts and the MTP drafting run after it, eagerly, on its
+:class:`StepInputs` and final stream. The verify forward keeps per-layer projections for that commit
+(``DeepseekV4ForServing.pending_commits``); a graph's are the tensors its capture made, rewritten by every
+replay, and are handed back to the layers after each replay.
+
+Other steps (prefill chunks, steps that admit or resume a request, steps whose requests carry other draft
+counts, batches over the largest bucket) run eagerly in every mode. A graph is captured per (batch bucket,
+context bucket): index widths follow the longest context in the step (:func:`~atom.model_ops.decode_buffers.context_bucket`), so a few widths
 are captured per batch bucket, each on first use. Capture runs on padding-only inputs, which write
 nothing into the arena (see :mod:`atom.model_ops.decode_buffers`), after two warm-up runs on a side
 stream (lazily created workspaces, the stacked expert weights); all graphs share one memory pool.
@@ -27,13 +37,14 @@ buffers (``StepInputs.derive``: positions as int32, window and compressed index 
 entry pools) are then computed inside the captured region, so every replay recomputes them from the
 buffers :meth:`DecodeBuffers.fill` just wrote. Derived tensors cached by a warm-up would be frozen into
 the graph with the padding step's values. ``atom.testing.graph_emulation`` replays this code path on the
-CPU (``tests/engine/test_decode_graph_replay.py``).
+CPU (``tests/engine/test_decode_graph_replay.py``, ``test_decode_graph_cases.py``,
+``tests/parallel/test_parallel_decode_graphs.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -42,7 +53,7 @@ from atom.model_ops.decode_buffers import DecodeBuffers
 from atom.model_ops.step_inputs import PageTables, StepInputs
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 
-__all__ = ["GRAPH_MODES", "CapturedStep", "DecodeSteps", "serving_graph_mode"]
+__all__ = ["GRAPH_MODES", "CapturedStep", "DecodedStep", "DecodeSteps", "serving_graph_mode"]
 
 GRAPH_MODES = ("eager", "padded", "graph")
 
@@ -59,43 +70,67 @@ def serving_graph_mode(model: DeepseekV4ForServing, *, enforce_eager: bool, keep
     return "graph" if allowed else "eager"
 
 
+Forward = Callable[[StepInputs], tuple[torch.Tensor, torch.Tensor]]
+
+
 @dataclass(frozen=True)
 class CapturedStep:
     """One captured decode step: the graph, the :class:`StepInputs` it was captured on (its ``derived``
-    tensors live in the graph's pool and are rewritten by every replay) and the logits it writes."""
+    tensors live in the graph's pool and are rewritten by every replay), the logits and final stream it
+    writes, and the per-layer state its forward left for after the step (``kept``: verify steps' commits)."""
 
     graph: torch.cuda.CUDAGraph
     step: StepInputs
     logits: torch.Tensor
+    hidden: torch.Tensor
+    kept: Any = None
+
+
+@dataclass(frozen=True)
+class DecodedStep:
+    """A bucketed step's result: its inputs (padded to the bucket: the real requests first, then padding),
+    the logits of its real requests' rows and the final stream of every row of the bucket."""
+
+    step: StepInputs
+    logits: torch.Tensor
+    hidden: torch.Tensor
 
 
 class DecodeSteps:
-    """Runs plain decode steps of up to ``buffers.sizes[-1]`` requests through ``forward`` (the runner's
-    model forward: ``StepInputs`` -> logits of ``sample_rows``) on ``buffers``; ``capture``: in CUDA graphs."""
+    """Runs decode steps of up to ``buffers.sizes[-1]`` requests (each verifying ``buffers.drafts`` drafts)
+    through ``forward`` (the runner's model forward: ``StepInputs`` -> (logits of ``sample_rows``, final
+    stream)) on ``buffers``; ``capture``: in CUDA graphs. ``keep`` / ``restore``: read the per-layer state a
+    forward leaves for after the step, and hand a captured graph's back after each of its replays."""
 
-    def __init__(self, forward: Callable[[StepInputs], torch.Tensor], buffers: DecodeBuffers, *,
-                 capture: bool) -> None:
+    def __init__(self, forward: Forward, buffers: DecodeBuffers, *, capture: bool,
+                 keep: Callable[[], Any] | None = None, restore: Callable[[Any], None] | None = None) -> None:
         if capture and not torch.cuda.is_available():
             raise ValueError("CUDA-graph capture needs a CUDA or ROCm GPU; on the CPU decode steps run eagerly")
         self.forward, self.buffers, self.capture = forward, buffers, capture
+        self.keep, self.restore = keep, restore
         self.graphs: dict[tuple[int, int], CapturedStep] = {}  # (batch bucket, context bucket) ->
         self.pool = torch.cuda.graph_pool_handle() if capture else None
 
-    def run(self, batch: ScheduledBatch, tables: PageTables) -> torch.Tensor | None:
-        """Logits ``[len(batch.seqs), vocab]`` of a plain decode step (``tables`` already updated by it), or
-        None when ``batch`` is not one (the caller runs it eagerly)."""
+    def run(self, batch: ScheduledBatch, tables: PageTables) -> DecodedStep | None:
+        """The bucketed step of ``batch`` (``tables`` already updated by it), or None when ``batch`` does not
+        qualify (:meth:`DecodeBuffers.bucket_for`; the caller runs it eagerly)."""
         size = self.buffers.bucket_for(batch)
         if size is None:
             return None
+        rows = len(batch.seqs) * self.buffers.per_seq
         if not self.capture:
-            return self.forward(self.buffers.fill(batch, tables))[: len(batch.seqs)]
+            step = self.buffers.fill(batch, tables)
+            logits, hidden = self.forward(step)
+            return DecodedStep(step, logits[:rows], hidden)
         key = (size, self.buffers.context_for(batch))
         if key not in self.graphs:
             self.graphs[key] = self._capture(*key)
         captured = self.graphs[key]
         self.buffers.fill(batch, tables)
         captured.graph.replay()
-        return captured.logits[: len(batch.seqs)]
+        if self.restore is not None:
+            self.restore(captured.kept)
+        return DecodedStep(captured.step, captured.logits[:rows], captured.hidden)
 
     def _capture(self, size: int, context: int) -> CapturedStep:
         """Warm up twice on padding-only inputs (each run on a fresh ``StepInputs``), then capture on a new
@@ -111,5 +146,5 @@ class DecodeSteps:
         step = self.buffers.inputs(size, context)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.forward(step)
-        return CapturedStep(graph, step, logits)
+            logits, hidden = self.forward(step)
+        return CapturedStep(graph, step, logits, hidden, None if self.keep is None else self.keep())

@@ -45,7 +45,11 @@ class ModelRunner:
     layout must then count the MTP layer.
     ``graph_mode``: how plain decode steps run (:mod:`decode_graphs`): ``eager`` (fresh inputs every
     step), ``padded`` (bucketed preallocated inputs, eager) or ``graph`` (those inputs, replayed from
-    CUDA graphs; a GPU); only ``eager`` with speculative decoding (every step then drafts).
+    CUDA graphs; a GPU); with speculative decoding the bucketed step is the MTP verify step (every request
+    verifying ``speculative_num_tokens`` drafts), drafting and committing after it eagerly.
+    ``host_free_experts``: on the torch backend, quantized or partitioned routed experts run ``fused_moe``'s
+    grouped reference (nothing read back) instead of one GEMM per expert; None = when ``graph_mode`` is not
+    ``eager`` (an eager run given True computes what those modes compute, unpadded).
     ``host_kv_chunks`` > 0: the host tier's buffer of that many arena chunks (:mod:`host_copies`); each
     batch's copy orders run before its forward.
     ``step_thread``: :meth:`launch` runs steps on a thread of their own (:mod:`step_thread`), so the
@@ -56,7 +60,8 @@ class ModelRunner:
     def __init__(self, model: DeepseekV4ForServing, layout: KvLayout, *, max_model_len: int, seed: int = 0,
                  poison: bool = False, kernel_backend: str | None = None, keep_logits: bool = False,
                  eos_token_id: int | None = None, value_checks: bool = False, speculative_num_tokens: int = 0,
-                 graph_mode: str = "eager", step_thread: bool | None = None, host_kv_chunks: int = 0) -> None:
+                 graph_mode: str = "eager", step_thread: bool | None = None, host_kv_chunks: int = 0,
+                 host_free_experts: bool | None = None) -> None:
         if not isinstance(model, DeepseekV4ForServing):
             raise TypeError(f"ModelRunner runs the serving model (DeepseekV4ForServing), got {type(model).__name__}; "
                             "load it with load_checkpoint(..., model_class=DeepseekV4ForServing)")
@@ -64,7 +69,10 @@ class ModelRunner:
         self.device = model.device
         self.views = bind_kv_arena(layout, poison=poison, device=self.device)
         self.kernels = load_kernels(kernel_backend)
-        model.bind_arena(self.views, self.kernels)
+        # quantized / partitioned routed experts on the torch backend: the grouped reference when decode steps
+        # run on bucketed inputs (their forward must read nothing back), the reference model's loop otherwise
+        host_free_experts = graph_mode != "eager" if host_free_experts is None else host_free_experts
+        model.bind_arena(self.views, self.kernels, host_free_experts=host_free_experts)
         # the host tier's bytes (host_kv_chunks arena chunks); the batch's copy orders run before each step
         self.host_copies = HostCopies(layout, host_kv_chunks, self.views.buffer, self.kernels.copy_pages,
                                       poison=poison) if host_kv_chunks else None
@@ -73,10 +81,7 @@ class ModelRunner:
         self.sampler = Sampler(seed, eos_token_id, device=self.device)
         self.keep_logits, self.value_checks = keep_logits, value_checks
         self.mtp = MtpDrafter(model, speculative_num_tokens, max_model_len) if speculative_num_tokens else None
-        if speculative_num_tokens and graph_mode != "eager":
-            raise ValueError(f"graph_mode={graph_mode!r} runs plain decode steps only; speculative decoding "
-                             "needs graph_mode='eager'")
-        self.decode = self._decode_steps(graph_mode, layout.max_live_requests, max_model_len)
+        self.decode = self._decode_steps(graph_mode, layout.max_live_requests, max_model_len, speculative_num_tokens)
         use_thread = self.device.type != "cpu" if step_thread is None else step_thread
         self._thread = StepThread() if use_thread else None
 
@@ -105,12 +110,13 @@ class ModelRunner:
         if not batch.seqs:
             return RunnerOutput({})
         checks = contextlib.nullcontext if self.value_checks else value_checks_off
-        step = None
         with checks():
-            logits = None if self.decode is None else self.decode.run(batch, self.tables)
-            if logits is None:
+            decoded = None if self.decode is None else self.decode.run(batch, self.tables)
+            if decoded is None:
                 step = build_step_inputs(batch, self.tables, self.device, self.model.cfg.compress_ratios)
                 logits, hidden = self._forward(step)
+            else:  # a bucketed step: its inputs padded to the bucket, the real requests' rows first
+                step, logits, hidden = decoded.step, decoded.logits, decoded.hidden
         kept: dict[int, torch.Tensor] = {}
         if self.keep_logits:
             lo = 0
@@ -122,17 +128,16 @@ class ModelRunner:
             if item.history is not None:
                 self.sampler.begin(item.seq_id, *item.history, logits.shape[-1], logits.device)
         propose = None
-        if step is not None and self.mtp is not None:
+        if self.mtp is not None:
             def propose(tokens: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
                 with checks():  # the MTP drafts run on the device, read back with the sampled tokens
                     return self.mtp.propose(batch, step, self.tables, hidden, tokens, accepted)
         out, drafted = self._sample(batch, logits, propose)
-        if step is not None:
-            with checks():  # the commit runs with the forward's value-check setting
-                if step.committed is not None:
-                    self._commit(batch, step, out.accepted)
-            if self.mtp is not None:
-                out = dataclasses.replace(out, drafts=self.mtp.drafts(batch, out, drafted))
+        with checks():  # the commit runs with the forward's value-check setting
+            if step.committed is not None:
+                self._commit(batch, step, out.accepted)
+        if self.mtp is not None:
+            out = dataclasses.replace(out, drafts=self.mtp.drafts(batch, out, drafted))
         return dataclasses.replace(out, logits=kept) if kept else out
 
     @torch.no_grad()
@@ -163,11 +168,12 @@ class ModelRunner:
         for item in batch.seqs:  # row offsets from the batch itself: no read of step.cu_seqlens
             starts.append(lo + item.num_committed)
             lo += item.num_tokens
-        sub = row_subset(starts, [accepted.get(item.seq_id, 0) for item in batch.seqs],
-                         [item.start_pos + item.num_committed for item in batch.seqs], self.device)
+        pad = len(step.lengths) - len(batch.seqs)  # a bucketed step's padding requests accept nothing
+        sub = row_subset(starts + [lo] * pad, [accepted.get(item.seq_id, 0) for item in batch.seqs] + [0] * pad,
+                         [item.start_pos + item.num_committed for item in batch.seqs] + [0] * pad, self.device)
         self.model.commit(sub, step, self.tables)
 
-    def _decode_steps(self, mode: str, max_seqs: int, max_model_len: int) -> DecodeSteps | None:
+    def _decode_steps(self, mode: str, max_seqs: int, max_model_len: int, drafts: int) -> DecodeSteps | None:
         if mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode={mode!r}; accepted: {', '.join(GRAPH_MODES)}")
         if mode == "eager":
@@ -180,8 +186,9 @@ class ModelRunner:
             raise ValueError(f"graph_mode='graph' needs a forward without host reads; the routed experts of layers "
                              f"{unsynced} run one GEMM per expert (quantized or expert-parallel); use 'eager'")
         buffers = DecodeBuffers(max_seqs, self.model.cfg.compress_ratios, max_model_len, self.tables.padding_row,
-                                self.device)
-        return DecodeSteps(lambda step: self._forward(step)[0], buffers, capture=mode == "graph")
+                                self.device, drafts=drafts)
+        return DecodeSteps(lambda step: self._forward(step), buffers, capture=mode == "graph",
+                           keep=self.model.pending_commits, restore=self.model.restore_pending_commits)
 
     def _forward(self, step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The serving model's forward over ``step``: logits of the rows that sample (every row with

@@ -5,17 +5,19 @@ its metadata into the same tensors every time, with shapes that depend only on t
 :class:`DecodeBuffers` holds those tensors, sized once for the largest bucket, and
 :meth:`DecodeBuffers.fill` writes a decode batch into the first rows, padded up to its bucket.
 
-A step qualifies (:meth:`DecodeBuffers.bucket_for`) when every request decodes one token (no drafts), none is
-newly admitted (``state_reset``: its ring is cleared before use) or resumes from a prefix hit
-(``restore_page``), and the batch fits the largest bucket. Its :class:`StepInputs` then fixes every
-host value the forward reads (``max_pos`` = the step's context bucket - 1, ``max_len`` = 1, no reset, no
-restore) and every shape (``T = S = bucket``; entry lists of ``bucket // ratio + bucket`` entries; every
-row samples). The context bucket (:func:`context_bucket`) is the longest context in the step rounded up
+A step qualifies (:meth:`DecodeBuffers.bucket_for`) when every request decodes one token and ``drafts``
+drafts (0: a plain decode step; speculative decoding: the MTP verify step, ``1 + drafts`` tokens of which the
+first is committed), none is newly admitted (``state_reset``: its ring is cleared before use) or resumes from
+a prefix hit (``restore_page``), and the batch fits the largest bucket. Its :class:`StepInputs` then fixes
+every host value the forward reads (``max_pos`` = the step's context bucket - 1, ``max_len`` = ``1 +
+drafts``, no reset, no restore) and every shape (``S = bucket``, ``T = S * (1 + drafts)``; entry lists of
+``T // ratio + S`` entries; every row samples; with drafts, the committed rows are each request's first).
+The context bucket (:func:`context_bucket`) is the longest context in the step rounded up
 to a power of two (at least ``min_context``, at most ``max_model_len``): index widths
 (:meth:`StepInputs.index_width`) follow the requests' lengths, so a short step at a 1M ``max_model_len``
 scores as many indexer keys as it would at 4K, and a graph is captured per (batch bucket, context bucket).
 
-Padding requests are inert: their tokens sit at position 0 in the page tables' padding row (every
+Padding requests are inert: their tokens sit at positions ``0 ..`` in the page tables' padding row (every
 page -1, never handed to a request, so ``swa_write`` and the capture skip them), their state slot is
 -1 (the compressor state kernels skip them) and they complete no entry. Their attention reads
 nothing, and every op outside attention is per token, so the real rows compute what they compute
@@ -28,7 +30,7 @@ import torch
 
 from atom.kernels._common import next_pow2
 from atom.step_contract import ScheduledBatch
-from atom.model_ops.step_inputs import EntryList, PageTables, StepInputs
+from atom.model_ops.step_inputs import EntryList, PageTables, RowSubset, StepInputs
 
 __all__ = ["DecodeBuffers", "MIN_CONTEXT", "context_bucket", "decode_buckets"]
 
@@ -56,37 +58,48 @@ class DecodeBuffers:
     """Persistent decode-step tensors for batches of up to ``max_seqs`` requests on ``device``."""
 
     def __init__(self, max_seqs: int, ratios: tuple[int, ...], max_model_len: int, padding_row: int,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", drafts: int = 0) -> None:
+        if drafts < 0:
+            raise ValueError(f"drafts must be >= 0 (the drafts each request verifies), got {drafts}")
         self.sizes = decode_buckets(max_seqs)
         self.max_model_len, self.padding_row = max_model_len, padding_row
         self.ratios = tuple(sorted(set(ratios) - {0}))
+        self.drafts = drafts
+        q = self.per_seq = 1 + drafts  # tokens per request
         n = self.sizes[-1]
 
         def zeros(size: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(size, dtype=dtype, device=device)
 
-        self.token_ids, self.positions = zeros(n, torch.long), zeros(n, torch.long)
-        self.token_slot, self.pos_start = zeros(n, torch.int32), zeros(n, torch.int32)
-        self.slots, self.rows = zeros(n, torch.int32), zeros(n, torch.int32)
-        self.cu_seqlens = torch.arange(n + 1, dtype=torch.int32, device=device)  # one token per request
+        self.token_ids, self.positions, self.token_slot = zeros(n * q, torch.long), zeros(n * q, torch.long), \
+            zeros(n * q, torch.int32)
+        self.pos_start, self.slots, self.rows = zeros(n, torch.int32), zeros(n, torch.int32), zeros(n, torch.int32)
+        self.cu_seqlens = torch.arange(0, n * q + 1, q, dtype=torch.int32, device=device)  # q tokens per request
         self.reset = zeros(n, torch.bool)
         self.restore_src = torch.full((n,), -1, dtype=torch.int32, device=device)
-        self.sample_rows = torch.arange(n, dtype=torch.long, device=device)
-        self.entry_seq = {r: zeros(n // r + n, torch.long) for r in self.ratios}
-        self.entry_ids = {r: zeros(n // r + n, torch.long) for r in self.ratios}
+        self.sample_rows = torch.arange(n * q, dtype=torch.long, device=device)
+        # verify steps: each request's first row is committed (the compressor state advances over it; the
+        # accepted drafts' rows after verification)
+        self.committed_rows = torch.arange(0, n * q, q, dtype=torch.long, device=device)
+        self.committed_cu = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.entry_seq = {r: zeros(n * q // r + n, torch.long) for r in self.ratios}
+        self.entry_ids = {r: zeros(n * q // r + n, torch.long) for r in self.ratios}
 
     def bucket_for(self, batch: ScheduledBatch) -> int | None:
-        """The bucket ``batch`` is padded to, or None when it is not a plain decode step that fits."""
+        """The bucket ``batch`` is padded to, or None when it is not a decode step of ``drafts`` drafts per
+        request that fits."""
         n = len(batch.seqs)
         if n == 0 or n > self.sizes[-1]:
             return None
-        if any(s.num_tokens != 1 or s.num_draft or s.state_reset or s.restore_page >= 0 for s in batch.seqs):
+        if any(s.num_tokens != self.per_seq or s.num_draft != self.drafts or not s.sample or s.state_reset
+               or s.restore_page >= 0 for s in batch.seqs):
             return None
         return next(size for size in self.sizes if size >= n)
 
     def context_for(self, batch: ScheduledBatch) -> int:
-        """The context bucket of decode ``batch`` (:func:`context_bucket` of its longest request)."""
-        return context_bucket(max(s.start_pos for s in batch.seqs) + 1, self.max_model_len)
+        """The context bucket of decode ``batch`` (:func:`context_bucket` of its longest request, drafts
+        included)."""
+        return context_bucket(max(s.start_pos for s in batch.seqs) + self.per_seq, self.max_model_len)
 
     def inputs(self, size: int, context: int | None = None) -> StepInputs:
         """A new :class:`StepInputs` of bucket ``size`` and context bucket ``context`` (default
@@ -94,14 +107,19 @@ class DecodeBuffers:
         :meth:`fill` last wrote, and an empty ``derived`` cache (a captured graph owns the one it
         captured on, so the tensors derived from the buffers are computed inside the capture)."""
         context = self.max_model_len if context is None else context
-        entries = {r: EntryList(self.entry_seq[r][: size // r + size], self.entry_ids[r][: size // r + size])
+        q = self.per_seq
+        t = size * q
+        entries = {r: EntryList(self.entry_seq[r][: t // r + size], self.entry_ids[r][: t // r + size])
                    for r in self.ratios}
+        committed = None
+        if self.drafts:
+            committed = RowSubset(self.committed_rows[:size], self.committed_cu[: size + 1], self.pos_start[:size], 1)
         return StepInputs(
-            token_ids=self.token_ids[:size], positions=self.positions[:size], token_slot=self.token_slot[:size],
+            token_ids=self.token_ids[:t], positions=self.positions[:t], token_slot=self.token_slot[:t],
             cu_seqlens=self.cu_seqlens[: size + 1], pos_start=self.pos_start[:size], slots=self.slots[:size],
             rows=self.rows[:size], reset=self.reset[:size], restore_src=self.restore_src[:size], entries=entries,
-            sample_rows=self.sample_rows[:size], max_pos=context - 1, max_len=1, any_reset=False,
-            any_restore=False, seq_ids=[], lengths=[1] * size, num_draft=[0] * size)
+            sample_rows=self.sample_rows[:t], max_pos=context - 1, max_len=q, any_reset=False,
+            any_restore=False, seq_ids=[], lengths=[q] * size, num_draft=[self.drafts] * size, committed=committed)
 
     def pad(self, size: int) -> None:
         """Make every row of bucket ``size`` a padding request (graph capture runs on these)."""
@@ -111,27 +129,33 @@ class DecodeBuffers:
         """Write decode ``batch`` (``bucket_for`` not None; ``tables`` already updated by it) into the
         buffers, padded to its bucket; return that bucket's inputs."""
         size = self.bucket_for(batch)
-        assert size is not None, "fill() takes plain decode steps that fit the largest bucket"
+        assert size is not None, "fill() takes decode steps of the buffers' drafts that fit the largest bucket"
         seqs = batch.seqs
-        self._write(size, [s.token_ids[-1] for s in seqs], [s.start_pos for s in seqs],
+        self._write(size, [t for s in seqs for t in s.token_ids], [s.start_pos for s in seqs],
                     [tables.row_of[s.seq_id] for s in seqs], [s.state_slot for s in seqs])
         step = self.inputs(size, self.context_for(batch))
-        step.seq_ids, step.lengths = [s.seq_id for s in seqs], [1] * len(seqs)
+        step.seq_ids = [s.seq_id for s in seqs]
         return step
 
-    def _write(self, size: int, tokens: list[int], positions: list[int], rows: list[int], slots: list[int]) -> None:
-        pad = size - len(tokens)
-        host = torch.tensor([tokens + [0] * pad, positions + [0] * pad, rows + [self.padding_row] * pad,
-                             slots + [-1] * pad], dtype=torch.long)
-        self.token_ids[:size].copy_(host[0], non_blocking=True)
-        self.positions[:size].copy_(host[1], non_blocking=True)
-        self.pos_start[:size].copy_(host[1], non_blocking=True)
-        self.token_slot[:size].copy_(host[2], non_blocking=True)
-        self.rows[:size].copy_(host[2], non_blocking=True)
-        self.slots[:size].copy_(host[3], non_blocking=True)
+    def _write(self, size: int, tokens: list[int], starts: list[int], rows: list[int], slots: list[int]) -> None:
+        """Requests ``0 .. len(starts) - 1`` of ``per_seq`` tokens each (``tokens`` flat), first at ``starts``,
+        on table ``rows`` and state ``slots``; the rest of bucket ``size`` padding."""
+        q, pad = self.per_seq, size - len(starts)
+        positions = [p + j for p in starts + [0] * pad for j in range(q)]
+        token_rows = [row for row in rows + [self.padding_row] * pad for _ in range(q)]
+        host = torch.tensor([tokens + [0] * (pad * q), positions, token_rows], dtype=torch.long)
+        per_seq = torch.tensor([starts + [0] * pad, rows + [self.padding_row] * pad, slots + [-1] * pad],
+                               dtype=torch.long)
+        t = size * q
+        self.token_ids[:t].copy_(host[0], non_blocking=True)
+        self.positions[:t].copy_(host[1], non_blocking=True)
+        self.token_slot[:t].copy_(host[2], non_blocking=True)
+        self.pos_start[:size].copy_(per_seq[0], non_blocking=True)
+        self.rows[:size].copy_(per_seq[1], non_blocking=True)
+        self.slots[:size].copy_(per_seq[2], non_blocking=True)
         for r in self.ratios:  # a request completes entry p // r when its position p is the entry's last
-            done = [(s, p // r) for s, p in enumerate(positions) if (p + 1) % r == 0]
-            e = size // r + size
+            done = [(s, p // r) for s, first in enumerate(starts) for p in range(first, first + q) if (p + 1) % r == 0]
+            e = t // r + size
             ent = torch.tensor([[s for s, _ in done] + [-1] * (e - len(done)),
                                 [i for _, i in done] + [0] * (e - len(done))], dtype=torch.long)
             self.entry_seq[r][:e].copy_(ent[0], non_blocking=True)

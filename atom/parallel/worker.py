@@ -24,6 +24,7 @@ import torch
 
 from atom.config import EngineConfig
 from atom.kv.kv_layout import KvLayout, plan_kv_layout
+from atom.model_executor.decode_graphs import serving_graph_mode
 from atom.model_executor.model_runner import ModelRunner
 from atom.model_executor.placement import resolve_dtype, resolve_quant_sim, resolve_row_format
 from atom.models.deepseek_v4.config import DeepseekV4Config
@@ -67,9 +68,13 @@ def layout_for(cfg: DeepseekV4Config, config: EngineConfig, *, on_gpu: bool) -> 
     return plan_kv_layout(spec, config.cache, config.scheduler)
 
 
-def build_rank_runner(spec: RankSpec, group: RankGroup, *, keep_logits: bool = False
-                      ) -> tuple[ModelRunner, ParameterBytes]:
-    """This rank's runner over its shard, and the parameter bytes it holds."""
+def build_rank_runner(spec: RankSpec, group: RankGroup, *, keep_logits: bool = False, graph_mode: str | None = None,
+                      host_free_experts: bool | None = None) -> tuple[ModelRunner, ParameterBytes]:
+    """This rank's runner over its shard, and the parameter bytes it holds. ``graph_mode``: how its decode
+    steps run (None: :func:`serving_graph_mode` of its shard, the same on every rank: ``graph`` on GPUs when
+    no layer reads a device value back, unless ``--enforce-eager``); in ``graph`` mode each rank captures and
+    replays its own graphs, its collectives recorded in them, and copies every broadcast batch into its own
+    bucketed inputs. ``host_free_experts``: as :class:`ModelRunner`'s."""
     from pathlib import Path
 
     from atom.models.deepseek_v4.loader import read_config
@@ -87,9 +92,11 @@ def build_rank_runner(spec: RankSpec, group: RankGroup, *, keep_logits: bool = F
                                     load_mtp=False, model_class=DeepseekV4ForServing,  # MTP is not served
                                     expert_comm=expert_comm)
     layout = layout_for(model.cfg, c, on_gpu=device.type != "cpu")
+    if graph_mode is None:
+        graph_mode = serving_graph_mode(model, enforce_eager=c.model.enforce_eager, keep_logits=keep_logits)
     runner = ModelRunner(model, layout, max_model_len=c.scheduler.max_model_len, seed=c.model.seed,
                          poison=spec.poison, kernel_backend=spec.kernel_backend, keep_logits=keep_logits,
-                         eos_token_id=spec.eos_token_id)
+                         eos_token_id=spec.eos_token_id, graph_mode=graph_mode, host_free_experts=host_free_experts)
     return runner, parameter_bytes(model, plan)
 
 

@@ -60,8 +60,9 @@ class MtpDrafter:
                 tokens: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
         """Write the MTP rows of the step and draft on the device: int64 ``[num_tokens, R]``, row ``d`` the
         ``d``-th draft of each of the ``R`` sampling requests (batch order). ``hidden [N, hc, dim]``: the
-        main model's final stream of every row of the step; ``tokens`` / ``accepted`` (int64 ``[R]``, on the
-        device): each sampling request's sampled token and accepted draft count."""
+        main model's final stream of every row of the step (of a bucketed verify step: the real requests'
+        rows, then the padding's, which the MTP layer runs as padding too); ``tokens`` / ``accepted`` (int64
+        ``[R]``, on the device): each sampling request's sampled token and accepted draft count."""
         next_ids, firsts, lo = [], [], 0
         for item in batch.seqs:
             if not item.sample:
@@ -70,6 +71,7 @@ class MtpDrafter:
             if item.sample:
                 firsts.append(lo + item.num_committed - 1)  # its last kept row, before accepted drafts
             lo += item.num_tokens
+        next_ids.extend([0] * (hidden.shape[0] - lo))  # a bucketed step's padding rows (nothing written)
         dev = hidden.device
         next_t, first_t = stage([next_ids, firsts], dev)  # one copy for the step's lists
         head_t = first_t + accepted

@@ -14,7 +14,10 @@ boolean selection) is an error during capture.
 again on those objects in order and copies each freshly allocated result into the tensor the capture
 returned, which is what a replay does to the graph's memory pool. So a tensor cached from a run before
 capture keeps its old contents, exactly as on a GPU, while everything computed inside the capture
-follows the new inputs.
+follows the new inputs. Collectives (``torch.distributed`` on gloo dispatches them as ``c10d`` ops) are
+recorded like any op and replayed in place, each waited on before the next op (on a GPU, NCCL collectives
+captured in a graph run in stream order), so every rank of a group replays its own graph in step with the
+others'.
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ class EmulatedGraph:
             for old, new, is_fresh in zip(outs, again, fresh):
                 if is_fresh and old.numel():
                     old.copy_(new)
+                elif not isinstance(new, torch.Tensor) and hasattr(new, "wait"):
+                    new.wait()  # a collective's work handle: done before the next op, as in stream order
 
     def reset(self) -> None:
         self.ops.clear()

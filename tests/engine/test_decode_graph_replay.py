@@ -57,8 +57,8 @@ def test_a_graph_captured_on_inputs_a_warm_up_derived_from_replays_stale_tensors
         self.forward(step)  # the warm-up fills step.derived, which the capture then reads by address
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.forward(step)
-        return CapturedStep(graph, step, logits)
+            logits, hidden = self.forward(step)
+        return CapturedStep(graph, step, logits, hidden)
 
     monkeypatch.setattr(DecodeSteps, "_capture", capture_on_warmed_inputs)
     with torch.no_grad():

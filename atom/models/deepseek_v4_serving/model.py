@@ -58,15 +58,17 @@ class DeepseekV4ForServing(ModelWeights):
         a device value back (:attr:`host_synced_layers` empty)."""
         return self.device.type == "cuda" and not self.host_synced_layers
 
-    def bind_arena(self, views: KvViews, kernels: KernelSet) -> None:
+    def bind_arena(self, views: KvViews, kernels: KernelSet, *, host_free_experts: bool = False) -> None:
         """Run every layer (the MTP block included) on the arena ``views`` with ``kernels``' ops, and every
         quantized Linear's GEMM and every MoE's routed experts with ``kernels``' implementations; the
-        weights the forward computes with in fp32 are cast once here (:meth:`cast_fp32_weights`)."""
+        weights the forward computes with in fp32 are cast once here (:meth:`cast_fp32_weights`).
+        ``host_free_experts``: routed experts the torch backend cannot group (quantized, or a partition)
+        run ``fused_moe``'s reference there, which reads nothing back (``ServingMoE.bind_kernels``)."""
         self.cast_fp32_weights()
         self.bind_kernels(kernels)
         for block in list(self.layers) + list(self.mtp):
             block.attn.bind_arena(views, kernels)
-            block.ffn.bind_kernels(kernels)
+            block.ffn.bind_kernels(kernels, host_free=host_free_experts)
 
     def cast_fp32_weights(self) -> None:
         """Hold the router (``Gate.weight``) and compressor (``wkv`` / ``wgate``) weights in fp32: their
@@ -120,6 +122,18 @@ class DeepseekV4ForServing(ModelWeights):
         step just run)."""
         for block in self.layers:
             block.attn.commit(accepted, step, tables)
+
+    def pending_commits(self) -> list:
+        """What each layer keeps from a verify step's forward for :meth:`commit` (its projections; None where
+        it keeps nothing). A decode step replayed from a CUDA graph runs no Python, so the runner takes these
+        right after capturing a verify step and hands them back after each replay
+        (:meth:`restore_pending_commits`)."""
+        return [block.attn._pending for block in self.layers]
+
+    def restore_pending_commits(self, pending: list) -> None:
+        """Give every layer back what :meth:`pending_commits` returned."""
+        for block, kept in zip(self.layers, pending, strict=True):
+            block.attn._pending = kept
 
     def mtp_forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables, head_rows: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:

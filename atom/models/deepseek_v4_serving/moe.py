@@ -13,7 +13,9 @@ On the torch backend (the CPU) the routed experts run the reference's own paths 
 GEMM for dense experts, one GEMM per expert present for quantized ones): the engine is compared with the
 reference model value for value, and with the release numerics a last-bit difference in a GEMM's
 accumulation order flips an FP8 rounding of the activations downstream. The fused op's torch reference
-stays the oracle the Triton kernel is checked against.
+stays the oracle the Triton kernel is checked against; a runner whose decode steps are recorded in graphs
+binds the layer with ``host_free=True``, and quantized or partitioned experts then run that reference on
+the torch backend too (nothing read back, so the CPU emulation of capture can record them).
 
 A tensor-parallel rank holds a slice of every expert's intermediate width (``w1`` / ``w3`` rows, ``w2``
 inputs): the same fused op on smaller stacks, its partial sums all-reduced with the shared expert's. When
@@ -54,10 +56,18 @@ class ServingMoE(MoEWeights):
     #: package that shards it)
     exchange: Any = None
 
-    def bind_kernels(self, kernels: Any) -> None:
-        """Run the routed experts with ``kernels``' ``fused_moe`` (a ``KernelSet``; None: the torch reference)."""
+    #: on the torch backend, run routed experts that cannot be grouped there (quantized ones, or this rank's
+    #: partition of them) through ``fused_moe``'s torch reference (one grouped GEMM per projection over the
+    #: expert-sorted pairs, nothing read back) instead of one GEMM per expert present: set by
+    #: ``bind_kernels(..., host_free=True)``, for runners whose decode steps are recorded in graphs
+    _grouped_reference = False
+
+    def bind_kernels(self, kernels: Any, *, host_free: bool = False) -> None:
+        """Run the routed experts with ``kernels``' ``fused_moe`` (a ``KernelSet``; None: the torch reference);
+        ``host_free``: on the torch backend too whenever the experts fit it (:attr:`_grouped_reference`)."""
         self._fused = None if kernels is None else kernels.fused_moe
         self._fused_source = "torch" if kernels is None else kernels.sources["fused_moe"]
+        self._grouped_reference = host_free and kernels is not None
         gpu = kernels is not None and kernels.sources["swiglu"] != "torch"
         self._swiglu = kernels.swiglu if gpu else None
         self._route = kernels.moe_route if gpu else None
@@ -88,12 +98,12 @@ class ServingMoE(MoEWeights):
     @property
     def host_free(self) -> bool:
         """Whether :meth:`forward` runs without reading a device value back, so a CUDA graph can record it:
-        the fused op on a GPU backend; on the torch backend the grouped dense path (quantized experts run one
-        GEMM per expert there, see :meth:`forward`)."""
+        the fused op on a GPU backend; on the torch backend the grouped dense path, or the fused op's reference
+        when bound ``host_free`` (otherwise quantized or partitioned experts run one GEMM per expert there)."""
         if self.exchange is not None:  # the row counts of the exchange are read back
             return False
         if self._fused_source == "torch":
-            return self.grouped
+            return self.grouped or (self._grouped_reference and self.fusable)
         return self.fusable
 
     def expert_stack(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
@@ -141,7 +151,8 @@ class ServingMoE(MoEWeights):
     def held_routed(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """fp32 ``[T, dim]``: each row's sum over the experts held here (whole, or this rank's slice of each)
         among its chosen ``idx`` with routing ``weights``."""
-        if self._fused_source == "torch":  # the CPU: the reference's own paths, so its rounding, op for op
+        if self._fused_source == "torch" and (self.grouped or not (self._grouped_reference and self.fusable)):
+            # the CPU: the reference's own paths, so its rounding, op for op (grouped: host-free already)
             return self.routed(x, weights, idx) if self.grouped else self.routed_per_expert(x, weights, idx)
         if not self.fusable:
             return self.routed_per_expert(x, weights, idx)
