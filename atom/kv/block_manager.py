@@ -172,8 +172,8 @@ class BlockManager:
         num_new = min(len(seq) - start, max_new)
         window = range(max(0, blocks - self.swa.tail_blocks), blocks)
         comp_at, swa_at = self.index.comp, self.index.swa
-        comp_ids = list(map(comp_at.__getitem__, chain[:blocks])) if self.has_compressed else []
-        swa_ids = list(map(swa_at.__getitem__, chain[window.start:blocks]))
+        comp_ids = [comp_at[n] for n in chain[:blocks]] if self.has_compressed else []
+        swa_ids = [swa_at[n] for n in chain[window.start:blocks]]
         claimed = {COMPRESS: [bid for bid in comp_ids if bid >= 0] if -1 in comp_ids else comp_ids,
                    SWA: [bid for bid in swa_ids if bid >= 0]}
         restore = {COMPRESS: [chain[j] for j in range(blocks) if comp_at[chain[j]] < 0] if self.has_compressed else [],

@@ -34,11 +34,15 @@ class CompressedPool:
 
     def hit_blocks(self, chain: Sequence[int]) -> int:
         """Leading blocks of the verified chain (node ids) whose compressed block is published."""
-        ids = list(map(self.pool.index.comp.__getitem__, chain))
-        return ids.index(-1) if -1 in ids else len(ids)
+        comp = self.pool.index.comp
+        for j, node in enumerate(chain):
+            if comp[node] < 0:
+                return j
+        return len(chain)
 
     def claim_hit(self, h: KvHoldings, chain: Sequence[int], blocks: int) -> None:
-        ids = list(map(self.pool.index.comp.__getitem__, chain[:blocks]))
+        comp = self.pool.index.comp
+        ids = [comp[node] for node in chain[:blocks]]
         self.pool.claim_many(ids)
         h.write(COMPRESS, 0, ids, [self.pool.pages[bid] for bid in ids])
 

@@ -95,7 +95,8 @@ class SlidingWindowPool:
         tail, captured, b_size = self.tail_blocks, self.pool.captured, self.block_size
         follows = self.next_token if self.mtp_rows else None
         nodes, index = chain[:limit], self.index
-        swa = list(map(index.swa.__getitem__, nodes))
+        swa_at = index.swa
+        swa = [swa_at[n] for n in nodes]
         if host_next is not None:  # a host-only copy as -2 - its host page
             host = index.host_swa
             swa = [bid if bid >= 0 else (-2 - host[n] if host[n] >= 0 else -1) for bid, n in zip(swa, nodes)]
@@ -117,7 +118,8 @@ class SlidingWindowPool:
     def claim_hit(self, h: KvHoldings, chain: Sequence[int], boundary: int) -> None:
         """Give the request the trailing window blocks of a hit at ``boundary`` (earlier: -1)."""
         first = max(0, boundary - self.tail_blocks)
-        ids = list(map(self.index.swa.__getitem__, chain[first:boundary]))
+        swa_at = self.index.swa
+        ids = [swa_at[n] for n in chain[first:boundary]]
         for bid in ids:
             assert bid >= 0, "claim_hit on a boundary that bounded_hit did not allow"
             self.pool.claim(bid)
