@@ -296,8 +296,8 @@ def _install(modules: dict[str, nn.Module], name: str, value: torch.Tensor) -> N
     """Make ``value`` the parameter or buffer ``name`` (``modules``: the model's ``named_modules()``)."""
     owner, _, attr = name.rpartition(".")
     mod = modules[owner]
-    if attr in mod._parameters:
-        mod._parameters[attr] = nn.Parameter(value, requires_grad=False)
+    if attr in mod._parameters:  # nn.Parameter(value, requires_grad=False) of a plain tensor, minus its checks
+        mod._parameters[attr] = torch.Tensor._make_subclass(nn.Parameter, value, False)
     else:
         mod._buffers[attr] = value
 
