@@ -130,6 +130,11 @@ class BlockManager:
             return PrefixMatch(0, 0, 0, 0), []
         hashes = seq.hashes_upto(limit)
         chain = self.index.chain(hashes, seq.block_keys, limit)
+        if not chain:  # a miss (what follows would find no window and no host copy either)
+            evicted = 0
+            while evicted < limit and hashes[evicted] in self.comp.pool.evicted_hashes:
+                evicted += 1
+            return PrefixMatch(0, 0, evicted, 0), chain
         comp = self.comp.hit_blocks(chain) if self.has_compressed else len(chain)
         host = self.host
         if host is not None and self.has_compressed:

@@ -17,7 +17,7 @@ state owner draws from a pool of that many pages outside the chunks instead.
 
 from __future__ import annotations
 
-from atom.kv.chunk_arena import ArenaError, ChunkArena, ChunkBackedFreeList
+from atom.kv.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
 from atom.kv.kv_layout import KvLayout
 from atom.kv.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
 
@@ -122,6 +122,19 @@ class UnifiedKvArena(LogicalPageMap):
 
     def _take_pages(self, owner: str, n: int) -> list[int]:
         return self._lists[owner].pop_many(n)
+
+    def alloc_ids(self, owner: str, lids: list[int]) -> list[int]:
+        """:meth:`LogicalPageMap.alloc_ids` with its room check (:meth:`can_alloc_one`) and page take
+        inlined: every allocation of a pool or a state page comes here."""
+        lst = self._lists[owner]
+        n = len(lids)
+        if lst.chunks_needed(n) > lst.arena.num_free():  # (a reserved state pool is that list's arena)
+            counts = {SWA: 0, COMPRESS: 0, STATE: 0}
+            counts[owner] = n
+            raise ArenaEmpty(self._shortfall(counts[SWA], counts[COMPRESS], counts[STATE]))
+        pages = lst.pop_many(n)
+        self._phys[owner].update(zip(lids, pages))
+        return pages
 
     def free_one(self, owner: str, lid: int) -> None:
         page = self._phys[owner].pop(lid, None)  # (as LogicalPageMap.free_one, one call less)
