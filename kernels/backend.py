@@ -54,6 +54,7 @@ OPS: dict[str, tuple[str, str, str]] = {
     "build_comp_index": ("paged_index", "build_comp_index", "build_comp_index_ref"),
     "sparse_attention": ("sparse_attention", "sparse_attention", "sparse_attention_ref"),
     "index_score": ("index_score", "index_score", "index_score_ref"),
+    "index_topk": ("index_topk", "index_topk", "index_topk_ref"),
     "fp8_block_gemm": ("fp8_gemm", "fp8_block_gemm", "fp8_block_gemm_ref"),
     "mxfp4_gemm": ("mxfp4_gemm", "mxfp4_gemm", "mxfp4_gemm_ref"),
     "w8a8_block_gemm": ("w8a8_gemm", "w8a8_block_gemm", "w8a8_block_gemm_ref"),

@@ -137,8 +137,9 @@ def _stacked_experts(g: Geometry, fmt: str) -> tuple[torch.Tensor, ...]:
 def variants(g: Geometry) -> list[Variant]:
     """Every kernel variant the engine launches at ``g``'s shapes (decode batch :data:`DECODE_TOKENS`)."""
     from . import (act_quant, compressed_write, compressor_state, entry_pool, fp8_ds_mla, fp8_gemm, fp8_index_key,
-                   fused_moe, hc_post, hc_pre, hc_sinkhorn, hca_state, index_score, moe_route, mxfp4_gemm, page_copy,
-                   paged_index, rms_norm, rope, rope_kv_write, sparse_attention, swa_write, swiglu, w8a8_gemm)
+                   fused_moe, hc_post, hc_pre, hc_sinkhorn, hca_state, index_score, index_topk, moe_route,
+                   mxfp4_gemm, page_copy, paged_index, rms_norm, rope, rope_kv_write, sparse_attention, swa_write,
+                   swiglu, w8a8_gemm)
     t, rc, kc = DECODE_TOKENS, g.row_codec, g.key_codec
     seqs, cu, start = _i32(t), torch.arange(t + 1, dtype=torch.int32), _i32(t)
     main_rows, key_rows = _u8(ROWS, rc.row_bytes), _u8(ROWS, kc.row_bytes)
@@ -167,6 +168,8 @@ def variants(g: Geometry) -> list[Variant]:
         iq, iw, key_rows, _i32(t, 4096), codec=kc))
     add("indexer", f"index_score bf16 keys H={g.index_heads}", lambda: index_score.index_score(
         iq, iw, _bf16(ROWS, g.index_dim), _i32(t, 4096)))
+    add("select", f"index_topk N=4096 k={g.index_topk}", lambda: index_topk.index_topk(  # a radix select: no dot
+        _f32(t, 4096), _i32(t), g.index_topk))
     qkv = g.heads * g.head_dim
     for m in (1, t):
         add("gemm", f"fp8_block_gemm wq_b M={m} N={qkv} K={g.q_lora}", lambda m=m: fp8_gemm.fp8_block_gemm(

@@ -19,8 +19,8 @@ Per layer and step, in this order (each step of it through a kernel of :mod:`ato
    advances the request's online softmax accumulator in position order and yields the pooled row of
    every block the chunk completes (see :mod:`atom.kernels.hca_state`);
 4. ``compressed_write`` the finished entries (and indexer keys) into compress-owned pages;
-5. CSA: ``index_score`` of every query over its candidate keys in the arena, the reference indexer's
-   top-k per query; index lists from
+5. CSA: ``index_score`` of every query over its candidate keys in the arena, ``index_topk`` (the
+   reference indexer's top-k rule) per query; index lists from
    ``build_window_index`` / ``build_comp_index``; ``sparse_attention`` with the per-head sink;
 6. inverse RoPE and the grouped output projection (``AttentionWeights.project_out``).
 
@@ -29,7 +29,8 @@ Every CSA entry the step completes (all sequences) is pooled at once: the shared
 ``entry_pool`` reads them from the chunk's fresh rows or the request's ring and pools them, then
 ``finish_entries``, so CSA entries equal the reference model's up to the rounding of batched ops. Top-k
 scores every query of the step against its visible keys in one batched op (``index_score``, then
-``Indexer.select_scores``: the reference's ``score`` / ``select`` rule, ties to the lower index). HCA
+``index_topk``: the reference's ``score`` / ``select`` rule of ``Indexer.select_scores``, ties to the lower
+index). HCA
 entries differ from the reference's batch softmax by rounding only (within 1e-6 relative in fp32).
 Within the engine everything is bit-identical however a sequence is split into steps or resumed from a
 prefix hit. No step reads a device value back: entry lists, index widths and flags come from the batch
@@ -62,7 +63,6 @@ from atom.models.deepseek_v4.attention import AttentionWeights, Projections
 from atom.models.deepseek_v4.compressor import Compressor
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.models.deepseek_v4.device_constants import on_device
-from atom.models.deepseek_v4.indexer import Indexer
 from atom.models.deepseek_v4.layers import map_rows
 
 __all__ = ["ArenaAttention", "bucket"]
@@ -261,11 +261,10 @@ class ArenaAttention(AttentionWeights):
             width = step.index_width(self.ratio)
             return step.derive(("comp_index", width, *geo.values()), lambda: self.k.build_comp_index(
                 tables.comp, step.token_slot, pos32, None, width=width, **geo))
-        picks = self._topk(self.indexer, p, step, tables, pos32)
+        picks = self._topk(p, step, tables, pos32)
         return self.k.build_comp_index(tables.comp, step.token_slot, pos32, picks, width=picks.shape[1], **geo)
 
-    def _topk(self, indexer: Indexer, p: Projections, step: StepInputs, tables: PageTables,
-              pos32: torch.Tensor) -> torch.Tensor:
+    def _topk(self, p: Projections, step: StepInputs, tables: PageTables, pos32: torch.Tensor) -> torch.Tensor:
         """int32 ``[T, index_topk]`` logical entries each query attends (ascending, -1 padded), for every
         query of the step at once over its keys gathered from the arena."""
         reg, ratio = self.index_region, self.ratio  # a CSA layer's: only CSA layers have an indexer
@@ -276,7 +275,7 @@ class ArenaAttention(AttentionWeights):
         scores = self.k.index_score(p.index_q.contiguous(), p.index_w.contiguous(), self.views.index[self.layer_id],
                                     key_rows, codec=self.views.index_codec)
         visible = step.derive(("visible_entries", ratio), lambda: (step.positions + 1) // ratio)
-        return indexer.select_scores(scores, visible, self.cfg.index_topk)
+        return self.k.index_topk(scores, visible, self.cfg.index_topk)  # Indexer.select_scores' rule, one launch
 
 
 def _entry_rows(comp: Compressor, step: StepInputs, ent: EntryList) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
