@@ -93,6 +93,11 @@ class PrefixIndex:
         run = hashes[first:end]
         if ids.keys().isdisjoint(run) and len(set(run)) == len(run):  # the usual case: all new, one run
             return self._create_run(tip, first, run, keys[first:end])
+        return self._extend_each(tip, first, hashes, keys, end)
+
+    def _extend_each(self, tip: int, first: int, hashes: Sequence[int], keys: Sequence[bytes], end: int) -> list[int]:
+        """:meth:`extend` block by block (some hashes are indexed already, or repeat in the run)."""
+        ids = self._ids
         out: list[int] = []
         parent_of, key_of, parent = self.parent, self.key, tip
         for j in range(first, end):
@@ -117,15 +122,25 @@ class PrefixIndex:
         new.reverse()  # lowest id first
         self._ids.update(zip(hashes, new))
         h_of, p_of, k_of, d_of, refs = self.block_hash, self.parent, self.key, self.depth, self.refs
-        parent, depth = tip, first
-        for n, h, key in zip(new, hashes, keys):  # (plain stores: the interpreter specializes them)
-            h_of[n] = h
-            p_of[n] = parent
-            k_of[n] = key
-            d_of[n] = depth
-            refs[n] = 1
-            parent = n
-            depth += 1
+        a = new[0]
+        b = a + k
+        if new[-1] == b - 1 and new == list(range(a, b)):  # consecutive ids (fresh, or a chain removed whole)
+            h_of[a:b] = hashes
+            k_of[a:b] = keys
+            p_of[a] = tip
+            p_of[a + 1:b] = range(a, b - 1)
+            d_of[a:b] = range(first, first + k)
+            refs[a:b] = [1] * k
+        else:
+            parent, depth = tip, first
+            for n, h, key in zip(new, hashes, keys):  # (plain stores: the interpreter specializes them)
+                h_of[n] = h
+                p_of[n] = parent
+                k_of[n] = key
+                d_of[n] = depth
+                refs[n] = 1
+                parent = n
+                depth += 1
         refs[new[-1]] = 0
         if tip >= 0:
             refs[tip] += 1

@@ -180,12 +180,16 @@ class SlidingWindowPool:
         lo, hi = h.swa_released_upto, min(self._window_start(computed), len(h.swa.blocks))
         if hi <= lo:
             return
-        blocks, keep = h.swa.blocks, self._kept_indices(h, lo, hi)
-        if not keep:  # (the usual case: a prompt's first chunks, nothing to retain)
-            kept, dropped = [], [bid for bid in blocks[lo:hi] if bid >= 0]
-        else:
-            kept = [blocks[j] for j in range(lo, hi) if blocks[j] >= 0 and j in keep]
-            dropped = [blocks[j] for j in range(lo, hi) if blocks[j] >= 0 and j not in keep]
+        keep, run = self._kept_indices(h, lo, hi), h.swa.blocks[lo:hi]
+        kept = []
+        if keep and not isinstance(keep, range):  # a few retained windows: take them out of the run
+            for j in sorted(keep):
+                bid, run[j - lo] = run[j - lo], -1
+                if bid >= 0:
+                    kept.append(bid)
+        elif keep:  # full retain: the whole run is kept
+            kept, run = [bid for bid in run if bid >= 0], []
+        dropped = [bid for bid in run if bid >= 0]
         if kept:
             self.pool.release_many(kept, keep=True)
         if dropped:
