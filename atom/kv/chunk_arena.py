@@ -242,24 +242,26 @@ class ChunkBackedFreeList:
 
     def free(self, page: int) -> None:
         """Return one page; the chunk goes back to the arena when all its pages are free."""
-        chunk, local = divmod(page, self.pages_per_chunk)
-        free_local = self._free_local.get(chunk)
+        ppc, free_local_of, by_used = self.pages_per_chunk, self._free_local, self._by_used
+        chunk = page // ppc
+        local = page - chunk * ppc
+        free_local = free_local_of.get(chunk)
         if free_local is None:
             raise ArenaError(
                 f"{self.name}: page {page} is in chunk {chunk}, which this owner does not hold "
                 "(already returned to the arena, or never borrowed)")
         if local in free_local:
             raise ArenaError(f"{self.name}: page {page} freed twice")
-        used = self.pages_per_chunk - len(free_local)
-        if used < self.pages_per_chunk:
-            del self._by_used[used][chunk]
+        used = ppc - len(free_local)
+        if used < ppc:
+            del by_used[used][chunk]
         free_local.append(local)
         self._num_used -= 1
         if used == 1:
-            del self._free_local[chunk]
+            del free_local_of[chunk]
             self.arena.release(chunk)
         else:
-            self._by_used[used - 1][chunk] = None
+            by_used[used - 1][chunk] = None
 
     def _fullest_partial_chunk(self) -> int | None:
         for used in range(self.pages_per_chunk - 1, 0, -1):
