@@ -79,6 +79,7 @@ class ArenaAttention(AttentionWeights):
         self.views: KvViews | None = None
         self.k: KernelSet | None = None
         self._pending: Projections | None = None  # a step with drafts: its projections until commit()
+        self._zero_apes: dict[int, torch.Tensor] = {}  # per compressor: see _zero_ape
         self.fuse_kv_write = False  # set by bind_arena: rope_kv_write rotates, rounds and writes the K=V rows
 
     def bind_arena(self, views: KvViews, kernels: KernelSet) -> None:
@@ -142,6 +143,15 @@ class ArenaAttention(AttentionWeights):
         return map_rows(self.project_out, rw, o.to(x.dtype), step.positions)
 
     # ---- compressor state ---------------------------------------------------------------------
+    def _zero_ape(self, comp: Compressor) -> torch.Tensor:
+        """A zero ``ape`` of ``comp``'s shape for the state kernels (the projected score rows already include
+        ``ape[pos % m]``), allocated once and reused: no fill launched per step. The kernels only read it."""
+        zeros = self._zero_apes
+        z = zeros.get(id(comp))
+        if z is None or z.shape != comp.ape.shape or z.dtype != comp.ape.dtype or z.device != comp.ape.device:
+            z = zeros[id(comp)] = torch.zeros_like(comp.ape)
+        return z
+
     def _prepare_state(self, step: StepInputs) -> None:
         """Clear the CSA rings of newly admitted requests, then restore CSA boundary rows of prefix hits."""
         pools = [self.views.state[self.layer_id], self.views.index_state[self.layer_id]]
@@ -169,7 +179,7 @@ class ArenaAttention(AttentionWeights):
         if step.committed is not None:  # pool the drafts' entries from a copy; the state takes committed rows
             acc, slots = acc[slots.long()].clone(), torch.arange(len(step.lengths), dtype=torch.int32,
                                                                  device=slots.device)
-        self.k.hca_state_update(kv, score, torch.zeros_like(comp.ape), acc, slots,
+        self.k.hca_state_update(kv, score, self._zero_ape(comp), acc, slots,
                                 step.cu_seqlens, step.pos_start, pooled, max_len=step.max_len)
         if step.committed is not None:
             self._advance_hca(rows, step.committed, step)
@@ -189,7 +199,7 @@ class ArenaAttention(AttentionWeights):
         if sub.max_len == 0:
             return
         kv, score = (r[sub.rows].contiguous() for r in rows)
-        self.k.hca_state_update(kv, score, torch.zeros_like(self.compressor.ape), self.views.hca[self.layer_id],
+        self.k.hca_state_update(kv, score, self._zero_ape(self.compressor), self.views.hca[self.layer_id],
                                 step.slots, sub.cu_seqlens, sub.pos_start, torch.empty_like(kv), max_len=sub.max_len)
 
     def _advance_csa(self, comp: Compressor, rows: tuple[torch.Tensor, torch.Tensor], sub: RowSubset | None,
@@ -203,7 +213,7 @@ class ArenaAttention(AttentionWeights):
                 return
             kv, score, cu, start, longest = kv[sub.rows], score[sub.rows], sub.cu_seqlens, sub.pos_start, sub.max_len
         state = self.views.state[self.layer_id] if which == "main" else self.views.index_state[self.layer_id]
-        zero_ape = torch.zeros_like(comp.ape)  # the projected score rows already include ape[pos % m]
+        zero_ape = self._zero_ape(comp)
         self.k.compressor_state_update(kv, score, zero_ape, state[0], state[1], step.slots, cu, start)
         csa = self.views.csa[self.layer_id]
         dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
