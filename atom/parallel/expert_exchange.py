@@ -7,8 +7,9 @@ score-routed layers alike decide locally and only the rows travel. One MoE layer
 
 1. **counts**: for each peer, how many of this rank's rows need it (expert parallel: the rows with at
    least one chosen expert in the peer's partition; tensor-parallel experts: every row, since every rank
-   holds a slice of every expert); one ``all_to_all_single`` of ``[world]`` int64 counts tells each rank
-   how many rows it receives from each peer;
+   holds a slice of every expert), counted on the device; one ``all_to_all_single`` of these ``[world]``
+   int64 counts tells each rank how many rows it receives from each peer, and both count vectors come back
+   to the host in one read (``all_to_all_single`` takes its split sizes as host integers);
 2. **dispatch**: one ``all_to_all_single`` of the rows (``[rows, dim]`` in the model's dtype) and one of
    their routing (``[rows, 2k]`` fp32: the k weights, then the k expert ids, exact in fp32);
 3. **experts**: the caller's ``expert_fn`` over the received rows: each row's sum over the experts this
@@ -24,8 +25,11 @@ shared expert's slices) completes every row.
 A rank with no tokens (a replica running a padding step, or a replica rank with fewer rows than
 siblings) still takes part with zero counts; every rank makes the same four collectives per layer.
 
-The counts are read back to the host (the split sizes of the row exchange), so a layer that exchanges
-rows cannot be recorded in a CUDA graph. On a GPU build the same contract (:meth:`run_experts`: rows,
+The counts are read back to the host once per layer (the split sizes of the row exchange: the layer's
+only read; the rows for each peer are ordered by a fixed-size sort on the device, not a ``nonzero``), so
+a layer that exchanges rows cannot be recorded in a CUDA graph. Under expert parallelism the counts
+change with every layer's routing, so no read can be shared between layers; a fixed-capacity
+all-to-all removes the read. On a GPU build the same contract (:meth:`run_experts`: rows,
 weights, ids in; this rank's routed sum out) is where a fused all-to-all plugs in: DeepEP's
 dispatch / combine (normal mode for prefill, low-latency mode for decode, whose fixed-size buffers
 also remove the host read), mori's EP dispatch / combine, or aiter's all-to-all. ``shard_model`` builds
@@ -79,8 +83,9 @@ class ExpertExchange:
         row, wherever it lives), zero for the rows a sibling of its replica dispatches. Collective over the
         expert group: every rank calls it once per MoE layer, with ``T = 0`` rows if it has none."""
         mine = torch.arange(self.replica.rank, x.shape[0], self.replica.size, device=x.device)
-        order, send_counts = self._plan(idx[mine])  # order: this rank's rows to send, grouped by peer
-        recv_counts = self._exchange_counts(send_counts, x.device)
+        order, sent = self._plan(idx[mine])  # order: this rank's rows to send, grouped by peer
+        send_counts, recv_counts = self._exchange_counts(sent)
+        order = order[: sum(send_counts)]
         route = torch.cat([weights[mine].float(), idx[mine].float()], dim=1)[order]
         rows = self.comm.all_to_all(x[mine][order], send_counts, recv_counts)
         got = self.comm.all_to_all(route, send_counts, recv_counts)
@@ -98,14 +103,23 @@ class ExpertExchange:
             lo += count
         return out
 
-    def _plan(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """``(the rows to send, by peer then row: a row once per peer that needs it; rows per peer)``."""
+    def _plan(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(order [world * rows], counts [world] int64)`` on the device: ``order[:counts.sum()]`` are the rows to
+        send, by peer then row (a row once per peer that needs it), the rest rows no peer takes; ``counts`` the
+        rows per peer. A stable sort of the ``[world, rows]`` grid puts each peer's rows first in grid order, so
+        the sizes are fixed by the shapes (no ``nonzero``)."""
         dest = self.destinations(idx)
-        _, order = torch.nonzero(dest.t(), as_tuple=True)  # row-major over [world, rows]: by peer, then row
-        return order, dest.sum(dim=0).tolist()
+        rows = idx.shape[0]
+        if rows == 0:
+            return torch.zeros(0, dtype=torch.int64, device=idx.device), dest.sum(dim=0)
+        skipped = (~dest.t()).reshape(-1).to(torch.int8)  # 0: a (peer, row) entry that is sent
+        return torch.sort(skipped, stable=True).indices % rows, dest.sum(dim=0)
 
-    def _exchange_counts(self, send_counts: list[int], device: torch.device) -> list[int]:
-        """Rows this rank receives from each peer (one ``all_to_all_single`` of one int per rank, on the rows'
-        device: NCCL moves device tensors only)."""
-        sent = torch.tensor(send_counts, dtype=torch.int64, device=device)
-        return self.comm.all_to_all(sent, [1] * self.comm.size, [1] * self.comm.size).tolist()
+    def _exchange_counts(self, sent: torch.Tensor) -> tuple[list[int], list[int]]:
+        """``(rows sent to, rows received from each peer)``: one ``all_to_all_single`` of the device counts
+        ``sent [world]`` (NCCL moves device tensors only), then both vectors read back together (the layer's one
+        read)."""
+        world = self.comm.size
+        got = self.comm.all_to_all(sent, [1] * world, [1] * world)
+        both = torch.cat([sent, got]).tolist()
+        return both[:world], both[world:]

@@ -55,3 +55,17 @@ def test_expert_parallel_rows_go_only_to_the_ranks_owning_their_experts():
 def test_experts_that_do_not_divide_over_the_ranks_are_refused():
     with pytest.raises(ValueError, match="8 routed experts cannot be partitioned over 3 ranks"):
         ExpertExchange(Comm(0, 3, group="not used"), 8, expert_parallel=True)
+
+
+@pytest.mark.parametrize("expert_parallel", [True, False])
+def test_each_peers_rows_come_from_a_fixed_size_sort_in_the_order_of_the_routing_grid(expert_parallel):
+    ex = ExpertExchange(Comm(0, 4, group="not used"), 8, expert_parallel=expert_parallel)
+    idx = torch.tensor([[0, 1], [1, 6], [7, 2], [3, 5], [4, 5]])
+    order, counts = ex._plan(idx)
+    assert order.shape == (4 * 5,)  # set by the shapes, not by the routing
+    if expert_parallel:  # peer 0: rows 0, 1; peer 1: rows 2, 3; peer 2: rows 3, 4; peer 3: rows 1, 2
+        assert counts.tolist() == [2, 2, 2, 2] and order[:8].tolist() == [0, 1, 2, 3, 3, 4, 1, 2]
+    else:
+        assert counts.tolist() == [5] * 4 and order.tolist() == list(range(5)) * 4
+    empty, none = ex._plan(idx[:0])
+    assert empty.shape == (0,) and none.tolist() == [0] * 4
