@@ -227,7 +227,8 @@ def graph_checks() -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="", help="comma-separated case names (default: every single-process "
-                        "case; the tensor-parallel case runs only when named: it takes tens of minutes on a CPU)")
+                        "case; the tensor-parallel case runs only when named: two spawned ranks, about 10 minutes on a "
+                        "loaded 2-core CPU machine)")
     parser.add_argument("--stacks", type=int, default=3, help="code sites printed per counted kind")
     args = parser.parse_args(argv)
     names = args.cases.split(",")
