@@ -217,7 +217,10 @@ class SlidingWindowPool:
     def release_all(self, h: KvHoldings) -> None:
         """Release every block held; published ones stay cached (the resumable tail)."""
         held = h.swa.blocks[h.swa_released_upto:]  # entries before it are -1 (released)
-        self.pool.release_many([bid for bid in reversed(held) if bid >= 0], keep=True)
+        held.reverse()
+        if -1 in held:  # (rare: every entry from the released mark on holds a block)
+            held = [bid for bid in held if bid >= 0]
+        self.pool.release_many(held, keep=True)
 
     # ---- pins ---------------------------------------------------------------------------------
     def _is_checkpoint(self, j: int, num_prompt_tokens: int) -> bool:
