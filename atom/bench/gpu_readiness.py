@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from atom.bench.fake_device import DeviceAccessCounter, fake_cuda, to_fake_cuda
 from atom.bench.forward import thin_config
@@ -109,8 +109,12 @@ TP_TIMEOUT_S = 3600  # a rank's whole run (start-up, model, the first forward st
 
 
 def release_model(kind: str, mode: FakeTensorMode, *, mtp: bool = False) -> DeepseekV4ForServing:
-    """The thin ``kind`` model in the release format (:func:`release_meta_model`) with fake weights on ``cuda``."""
-    return to_fake_cuda(release_meta_model(kind, mtp=mtp), mode).eval()
+    """The thin ``kind`` model in the release format (:func:`release_meta_model`) with fake weights on ``cuda``.
+    Planned on ``meta`` outside the fake mode: the plan clones meta prototypes into parameters, and a clone
+    made under the mode would be a fake tensor, which ``nn.Parameter`` cannot wrap."""
+    with unset_fake_temporarily():
+        meta = release_meta_model(kind, mtp=mtp)
+    return to_fake_cuda(meta, mode).eval()
 
 
 def release_meta_model(kind: str, *, mtp: bool = False, rank: int = 0, tp: int = 1, comm: Comm | None = None
