@@ -25,7 +25,8 @@ decode_ms_b32=<float>`` for the thin-Flash decode (host syncs: the most in any d
 ``--kernels`` (run with ``TRITON_INTERPRET=1``) instead counts the device kernels per layer of thin Flash on
 the Triton backend (:mod:`atom.bench.kernel_count`: Triton launches plus aten ops that launch device work;
 views, allocations and metadata excluded) for decode at batch 1 and 32 and a 64-token prefill chunk (the
-decode cases' context is filled on the torch backend; only the counted step runs on Triton); its
+decode cases' context is filled on the torch backend; only the counted step runs on Triton, whose launches
+are counted without running their programs unless ``--run-triton``); its
 last line is ``kernels_per_layer_b1=<int> kernels_per_layer_b32=<int> kernels_per_layer_prefill64=<int>``.
 """
 
@@ -207,7 +208,7 @@ def report(kind: str, batches: tuple[int, ...], context: int, prefills: tuple[in
     return decode
 
 
-def kernel_counts(kind: str, context: int, prefill: int) -> dict[str, int]:
+def kernel_counts(kind: str, context: int, prefill: int, run_triton: bool = False) -> dict[str, int]:
     """Device kernels per layer (:class:`~atom.bench.kernel_count.KernelCounter`: Triton launches plus aten ops
     that launch device work) in the model forward on the Triton backend, for decode at batch 1 and 32 and one
     prefill chunk of ``prefill`` tokens. Needs ``TRITON_INTERPRET=1`` on a CPU.
@@ -215,7 +216,9 @@ def kernel_counts(kind: str, context: int, prefill: int) -> dict[str, int]:
     Only the counted step runs on the Triton backend: a decode case's prefill fills the cache on the torch
     backend (``measured_step``'s ``fill_backend``), which writes the same KV rows to rounding (the launches of
     a step do not depend on the values), so the interpreter runs one step per case instead of the whole
-    prefill first (over 36 minutes at batch 32 on a shared 2-core machine)."""
+    prefill first (over 36 minutes at batch 32 on a shared 2-core machine). The Triton launches of the step
+    are counted without running their programs unless ``run_triton`` (``KernelCounter(run_triton=False)``:
+    the forward reads nothing back, so the same ops run; running them takes tens of minutes at batch 32)."""
     from atom.bench.kernel_count import KernelCounter
 
     model = thin_model(kind)
@@ -228,7 +231,7 @@ def kernel_counts(kind: str, context: int, prefill: int) -> dict[str, int]:
                                       fill_backend="torch")
         for block in model.layers:  # the experts are stacked once per model, at its first fused forward: not
             block.ffn.expert_stack()  # a cost of the step (the torch backend's prefill did not stack them)
-        c = counted_forward(runner, batch, KernelCounter)
+        c = counted_forward(runner, batch, lambda: KernelCounter(run_triton=run_triton))
         counts[name] = c.total // n
         top = ", ".join(f"{op} {k // n}" for op, k in c.aten.most_common(6))
         print(f"{name:>12}: {c.total // n} kernels per layer ({c.triton // n} Triton launches; aten: {top})",
@@ -250,6 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     ap.add_argument("--kernels", action="store_true",
                     help="only count device kernels per layer on the Triton backend (run with TRITON_INTERPRET=1)")
+    ap.add_argument("--run-triton", action="store_true",
+                    help="with --kernels: run the counted Triton launches in the interpreter too (slow; the count "
+                         "is the same, since the forward reads no device value back)")
     ap.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the reference model on each case (default: on)")
     args = ap.parse_args(argv)
@@ -266,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.kernels:
         print(f"thin flash, Triton backend (interpreter), context {context} tokens")
         with torch.no_grad():
-            counts = kernel_counts("flash", context, 64)
+            counts = kernel_counts("flash", context, 64, run_triton=args.run_triton)
         print(f"kernels_per_layer_b1={counts['b1']} kernels_per_layer_b32={counts['b32']} "
               f"kernels_per_layer_prefill64={counts['prefill64']}")
         return

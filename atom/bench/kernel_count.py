@@ -10,6 +10,13 @@
 
 It needs ``TRITON_INTERPRET=1`` set before triton is imported (the interpreter is where launches are seen
 on a CPU).
+
+``KernelCounter(run_triton=False)`` counts each Triton launch without running its programs (the interpreter
+runs a grid's programs one after another, so a batch-32 step takes tens of minutes on a CPU). The count is the
+same when the code counted reads no device value back (the engine's forward: ``tests/engine/
+test_forward_is_host_free.py``): which ops run then depends on shapes only, never on what a kernel wrote. The
+kernels' outputs are left as allocated (unspecified values) for the aten ops that follow, so use it only
+to count.
 """
 
 from __future__ import annotations
@@ -29,10 +36,12 @@ NO_LAUNCH = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new
 
 class KernelCounter(TorchDispatchMode):
     """``with KernelCounter() as c: ...`` then ``c.total`` (Triton launches plus launching aten ops),
-    ``c.triton`` and ``c.aten`` (a ``Counter`` by op name)."""
+    ``c.triton`` and ``c.aten`` (a ``Counter`` by op name). ``run_triton=False``: count Triton launches without
+    running them (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_triton: bool = True) -> None:
         super().__init__()
+        self.run_triton = run_triton
         self.triton = 0
         self.aten: Counter[str] = Counter()
         self._inside = 0
@@ -52,6 +61,8 @@ class KernelCounter(TorchDispatchMode):
 
         def counted(executor: Any, *args: Any, **kwargs: Any) -> Any:
             counter.triton += 1
+            if not counter.run_triton:
+                return None
             counter._inside += 1
             try:
                 return original(executor, *args, **kwargs)
