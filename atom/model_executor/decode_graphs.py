@@ -128,7 +128,7 @@ class DecodeSteps:
         captured = self.graphs[key]
         self.buffers.fill(batch, tables)
         captured.graph.replay()
-        if self.restore is not None:
+        if self.restore is not None and captured.kept is not None:
             self.restore(captured.kept)
         return DecodedStep(captured.step, captured.logits[:rows], captured.hidden)
 
