@@ -54,18 +54,25 @@ def check_positive(name: str, value: int, minimum: int = 1) -> None:
 
 def check_rows(name: str, t: torch.Tensor, *, ndim: int = 2, dtypes: Iterable[torch.dtype] = ROW_DTYPES,
                width: int | None = None, dtype: torch.dtype | None = None) -> None:
-    """A row view: ``ndim`` dims, innermost dim contiguous (outer strides arbitrary), allowed dtype."""
+    """A row view: ``ndim`` dims, innermost dim contiguous (outer strides arbitrary), allowed dtype.
+
+    Runs on every kernel call of every layer, so the passing path reads each property once and builds nothing.
+    """
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
-    allowed = (dtype,) if dtype is not None else tuple(dtypes)
-    if t.dtype not in allowed:
-        raise ValueError(f"{name} has dtype {t.dtype}; expected one of {', '.join(map(str, allowed))}")
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name} must have a contiguous inner dim (stride(-1) == 1), got strides {t.stride()}")
-    if any(s < 0 for s in t.stride()):
-        raise ValueError(f"{name} has a negative stride {t.stride()}")
+    if dtype is not None:
+        dtypes = (dtype,)
+    elif not isinstance(dtypes, tuple):
+        dtypes = tuple(dtypes)
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name} has dtype {t.dtype}; expected one of {', '.join(map(str, dtypes))}")
+    stride = t.stride()
+    if ndim and t.shape[-1] > 1 and stride[-1] != 1:
+        raise ValueError(f"{name} must have a contiguous inner dim (stride(-1) == 1), got strides {stride}")
+    if ndim and min(stride) < 0:
+        raise ValueError(f"{name} has a negative stride {stride}")
     if width is not None and t.shape[-1] != width:
         raise ValueError(f"{name} has inner width {t.shape[-1]}, expected {width}")
 
@@ -76,9 +83,10 @@ def check_index(name: str, t: torch.Tensor, shape: tuple[int | None, ...]) -> No
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.int32:
         raise ValueError(f"{name} must be int32, got {t.dtype}")
-    if t.dim() != len(shape) or any(e is not None and e != a for e, a in zip(shape, t.shape)):
+    actual = t.shape
+    if len(actual) != len(shape) or not all(e is None or e == a for e, a in zip(shape, actual)):
         want = tuple("*" if e is None else e for e in shape)
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {want}")
+        raise ValueError(f"{name} has shape {tuple(actual)}, expected {want}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
 
@@ -122,26 +130,37 @@ def masked_put(dst: torch.Tensor, index: tuple[torch.Tensor, ...], values: torch
     """``dst[index] = values`` for the entries where ``keep`` is true, without reading ``keep`` back to the host.
 
     ``index``: 1-D index tensors ``[N]`` (one per leading dim of ``dst``); ``values``: ``[N, ...]``. A skipped
-    entry (whatever its index, -1 included) is turned into a copy of the first kept write (same index, same
-    value), or, when nothing is kept, into writing element 0 back onto itself; ``index_put_`` with duplicate
-    indices carrying equal values gives that value on every device. Kept entries must not share an index.
+    entry (whatever its index, -1 included) is turned into a copy of a kept write (same index, same value),
+    or, when nothing is kept, into writing element 0 back onto itself; ``index_put_`` with duplicate indices
+    carrying equal values gives that value on every device. Kept entries must not share an index.
     Used by the torch references so that a step never syncs (boolean-mask selection would).
+    """
+    masked_puts(((dst, values),), index, keep)
+
+
+def masked_puts(writes: Iterable[tuple[torch.Tensor, torch.Tensor]], index: tuple[torch.Tensor, ...],
+                keep: torch.Tensor) -> None:
+    """:func:`masked_put` of each ``(dst, values)`` pair of ``writes`` at one shared ``index`` and ``keep``.
+
+    The redirected index is built once for all of them (the references write a value and a score tensor at
+    the same rows); every ``dst`` takes ``index`` over its leading dims.
     """
     if keep.numel() == 0:
         return
-    first = torch.argmax(keep.to(torch.uint8)).reshape(1)  # the first kept entry; 0 when none is (a 1-d
-    any_keep = keep.any()  # index: indexing with a 0-d tensor would read it back)
-    fb_idx = tuple(torch.where(any_keep, i[first], 0) for i in index)
-    fb_val = torch.where(any_keep, values[first], dst[fb_idx])
-    idx = tuple(torch.where(keep, i, f) for i, f in zip(index, fb_idx))
-    vals = torch.where(keep.reshape((-1,) + (1,) * (values.dim() - 1)), values, fb_val)
-    dst.index_put_(idx, vals)
+    any_keep, kept = keep.max(0, keepdim=True)  # [1] each: whether any entry is kept, and one kept entry (a
+    # 1-d index: indexing with a 0-d tensor would read it back); with none kept, ``kept`` is unused
+    idx = tuple(torch.where(keep, i, torch.where(any_keep, i[kept], 0)) for i in index)
+    origin = (0,) * len(index)
+    for dst, values in writes:
+        fb_val = torch.where(any_keep, values[kept], dst[origin])
+        vals = torch.where(keep.reshape((-1,) + (1,) * (values.dim() - 1)), values, fb_val)
+        dst.index_put_(idx, vals)
 
 
 def check_same_device(**tensors: torch.Tensor) -> None:
-    devices = {n: t.device for n, t in tensors.items()}
-    if len(set(devices.values())) > 1:
-        raise ValueError(f"all tensors must be on one device, got {devices}")
+    devices = [t.device for t in tensors.values()]
+    if devices and devices.count(devices[0]) != len(devices):
+        raise ValueError(f"all tensors must be on one device, got {({n: t.device for n, t in tensors.items()})}")
 
 
 def max_swa_page(num_rows: int, block_size: int, row_stride: int) -> int:

@@ -29,7 +29,7 @@ import torch
 from atom.kv_group import CSA_OVERLAP_ROWS  # rows of the CSA boundary state per SWA page: positions B-4 .. B-1
 
 from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_rows, check_same_device,
-                      launch_tiles, masked_put, require_triton, triton, tl, value_checks_enabled)
+                      launch_tiles, masked_puts, require_triton, triton, tl, value_checks_enabled)
 from .swa_write import check_ragged, ragged_tokens
 
 __all__ = ["compressor_state_update", "compressor_state_update_ref", "csa_boundary_capture",
@@ -122,8 +122,8 @@ def compressor_state_update_ref(kv: torch.Tensor, score: torch.Tensor, ape: torc
     tok, seq, pos, keep = ragged_tokens(cu_seqlens, pos_start, ring, kv.shape[0])
     slot = state_slot[seq].long()
     keep = keep & (slot >= 0)
-    masked_put(kv_state, (slot, pos % ring), kv[tok], keep)
-    masked_put(score_state, (slot, pos % ring), score[tok] + ape[pos % ape.shape[0]], keep)
+    masked_puts(((kv_state, kv[tok]), (score_state, score[tok] + ape[pos % ape.shape[0]])), (slot, pos % ring),
+                keep)
 
 
 def csa_boundary_capture_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, kv_dst: torch.Tensor,
@@ -136,8 +136,7 @@ def csa_boundary_capture_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.T
     page = capture_table[seq, pos // block_size].long()
     keep = (pos % block_size >= first) & (page >= 0)
     row = pos % block_size - first
-    masked_put(kv_dst, (page, row), kv[tok], keep)
-    masked_put(score_dst, (page, row), score[tok] + ape[pos % ape.shape[0]], keep)
+    masked_puts(((kv_dst, kv[tok]), (score_dst, score[tok] + ape[pos % ape.shape[0]])), (page, row), keep)
 
 
 def csa_boundary_restore_ref(kv_src: torch.Tensor, score_src: torch.Tensor, kv_state: torch.Tensor,
@@ -151,8 +150,8 @@ def csa_boundary_restore_ref(kv_src: torch.Tensor, score_src: torch.Tensor, kv_s
     src = restore_src.long().clamp(min=0)[:, None]
     slot = state_slot.long()[:, None].expand(-1, CSA_OVERLAP_ROWS).reshape(-1)
     dst_row = ((resume_pos.long()[:, None] - CSA_OVERLAP_ROWS + j) % ring).reshape(-1)
-    masked_put(kv_state, (slot, dst_row), kv_src[src, j].flatten(0, 1), live)
-    masked_put(score_state, (slot, dst_row), score_src[src, j].flatten(0, 1), live)
+    masked_puts(((kv_state, kv_src[src, j].flatten(0, 1)), (score_state, score_src[src, j].flatten(0, 1))),
+                (slot, dst_row), live)
 
 
 # ----------------------------------------------------------------------------------------------
