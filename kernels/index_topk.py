@@ -25,7 +25,7 @@ import torch
 
 from ._common import HAS_TRITON, check_same_device, next_pow2, require_triton, triton, tl
 
-__all__ = ["index_topk", "index_topk_ref"]
+__all__ = ["index_topk", "index_topk_ref", "topk_picks"]
 
 #: scores each program reads per step of its passes
 BLOCK = 1024
@@ -45,6 +45,15 @@ def _check(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> None:
 def index_topk_ref(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> torch.Tensor:
     """Torch reference of :func:`index_topk` (module docstring)."""
     _check(scores, visible, topk)
+    return topk_picks(scores, visible, topk)
+
+
+def topk_picks(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> torch.Tensor:
+    """The select rule itself, unchecked (the reference model's ``Indexer.select_scores`` is this): ``torch.topk``
+    gives each row's k-th largest visible score; every entry above it is picked, and of the entries equal to it
+    the lowest fill the remaining places; output place ``j`` holds the entry at which the running count of picks
+    reaches ``j + 1`` (a binary search), so rows come out ascending and -1 padded, with the same ops whatever
+    the number of queries."""
     t, n = scores.shape
     k = min(topk, n)
     if k == 0:

@@ -2,7 +2,7 @@
 
 Each case runs one short scenario three times on the same model: with decode steps captured and replayed from
 emulated CUDA graphs (``graph``), eagerly on the same bucketed inputs (``padded``) and eagerly unpadded
-(``eager``), and :func:`compare` checks the replay against both. The scenario (:func:`short_run`): four greedy
+(``eager``), and :func:`~atom.testing.graph_checks.compare_runs` checks the replay against both. The scenario (:func:`short_run`): four greedy
 requests of different lengths and output counts, so the decode batch shrinks 4 -> 3 -> 2 -> 1 and changes
 bucket (4, 2, 1); every step's sampled logits are kept.
 
@@ -31,9 +31,10 @@ from atom.model_executor.model_runner import ModelRunner
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 from atom.sampling_params import SamplingParams
 from atom.spec_decode.draft_source import RunnerDrafts
+from atom.testing.graph_checks import ReplayComparison, compare_runs
 from atom.testing.graph_emulation import cuda_graph_emulation
 
-__all__ = ["CaseRun", "CaseComparison", "SHORT_LEN", "compare", "mtp_model", "release_model", "run_case",
+__all__ = ["CaseRun", "SHORT_LEN", "mtp_model", "release_model", "run_case",
            "short_run", "short_engine"]
 
 SHORT_LEN = 128  # max_model_len of the short scenario
@@ -136,28 +137,8 @@ def short_run(model: DeepseekV4ForServing, graph_mode: str, *, emulate: bool = F
     return CaseRun(tokens, logits, buckets, engine.stats().spec_accepted if speculative else 0)
 
 
-@dataclass(frozen=True)
-class CaseComparison:
-    """The replay against the eager runs: ``same_shapes``: its tokens and every step's logits equal the
-    ``padded`` run's bit for bit; ``tokens_equal``: its tokens equal the unpadded run's; ``unpadded``: the
-    largest logit difference from that run, relative to the step's largest logit."""
-
-    same_shapes: bool
-    tokens_equal: bool
-    unpadded: float
-
-
-def compare(graph: CaseRun, padded: CaseRun, eager: CaseRun) -> CaseComparison:
-    same = graph.tokens == padded.tokens and len(graph.logits) == len(padded.logits) and all(
-        torch.equal(a, b) for a, b in zip(graph.logits, padded.logits))
-    worst = float("inf")
-    if len(graph.logits) == len(eager.logits) and all(a.shape == b.shape for a, b in zip(graph.logits, eager.logits)):
-        worst = max(float((a - b).abs().max()) / float(b.abs().max()) for a, b in zip(graph.logits, eager.logits))
-    return CaseComparison(same, graph.tokens == eager.tokens, worst)
-
-
-def run_case(model: DeepseekV4ForServing, **kwargs) -> tuple[dict[str, CaseRun], CaseComparison]:
+def run_case(model: DeepseekV4ForServing, **kwargs) -> tuple[dict[str, CaseRun], ReplayComparison]:
     """The three runs of the short scenario on ``model`` (``kwargs``: :func:`short_run`'s) and their comparison."""
     runs = {"graph": short_run(model, "graph", emulate=True, **kwargs), "padded": short_run(model, "padded", **kwargs),
             "eager": short_run(model, "eager", **kwargs)}
-    return runs, compare(runs["graph"], runs["padded"], runs["eager"])
+    return runs, compare_runs(runs["graph"], runs["padded"], runs["eager"])

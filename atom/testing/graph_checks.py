@@ -159,7 +159,12 @@ def compare_replay(model: DeepseekV4ForServing | None = None) -> ReplayCompariso
     (``model``: :func:`thin_model` by default)."""
     model = thin_model() if model is None else model
     graph = decode_run(model, "graph", emulate=True)
-    padded, eager = decode_run(model, "padded"), decode_run(model, "eager")
+    return compare_runs(graph, decode_run(model, "padded"), decode_run(model, "eager"))
+
+
+def compare_runs(graph, padded, eager) -> ReplayComparison:
+    """A replayed run against the same steps run ``padded`` and unpadded ``eager`` (any runs with ``tokens``
+    and per-step ``logits``); ``unpadded`` is infinite when the eager run's steps do not line up."""
     same = graph.tokens == padded.tokens and len(graph.logits) == len(padded.logits) and all(
         torch.equal(a, b) for a, b in zip(graph.logits, padded.logits))
     worst = float("inf")

@@ -103,5 +103,5 @@ def run_ranks(model_dir: str | Path, parallel: ParallelConfig, out_dir: str | Pa
 
 
 def rank_runs(seen: dict[str, dict]) -> dict[str, CaseRun]:
-    """Rank 0's runs per mode as :class:`CaseRun`s (for :func:`atom.testing.graph_cases.compare`)."""
+    """Rank 0's runs per mode as :class:`CaseRun`s (for :func:`atom.testing.graph_checks.compare_runs`)."""
     return {mode: CaseRun(s["tokens"], s["logits"], s["buckets"]) for mode, s in seen.items()}

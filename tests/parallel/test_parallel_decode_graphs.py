@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from atom.config import ParallelConfig
-from atom.testing.graph_cases import compare
-from atom.testing.graph_checks import UNPADDED_BOUND
+from atom.testing.graph_checks import UNPADDED_BOUND, compare_runs
 from atom.testing.graph_ranks import rank_runs, run_ranks
 
 pytestmark = pytest.mark.slow  # two spawned ranks, each running the short scenario three times
@@ -21,7 +20,7 @@ pytestmark = pytest.mark.slow  # two spawned ranks, each running the short scena
 def test_ranks_replaying_their_own_graphs_equal_eager_ranks(tiny_dir, tmp_path, parallel):
     seen = run_ranks(tiny_dir, parallel, tmp_path)
     runs = rank_runs(seen[0])
-    result = compare(runs["graph"], runs["padded"], runs["eager"])
+    result = compare_runs(runs["graph"], runs["padded"], runs["eager"])
     assert {4, 2, 1} <= set(runs["graph"].buckets)
     assert [len(t) for t in runs["graph"].tokens] == [12, 8, 5, 3]
     assert result.same_shapes and result.tokens_equal

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from atom.kernels.index_topk import topk_picks
+
 from .compressor import Compressor
 from .config import DeepseekV4Config
 from .layers import Linear
@@ -59,7 +61,6 @@ class Indexer(nn.Module):
         return torch.sort(order).values
 
     @staticmethod
-    @staticmethod
     def select_all(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
                    topk: int) -> torch.Tensor:
         """``select(score(...))`` for every query at once: int32 ``[T, topk]``, each row its picks ascending then
@@ -73,26 +74,10 @@ class Indexer(nn.Module):
     def select_scores(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> torch.Tensor:
         """The picks of ``select_all`` from the scores ``[T, N]`` of every query's candidates (entry order).
 
-        The picks of :meth:`select` per row, found by a select instead of two sorts: ``torch.topk`` gives each
-        row's k-th largest visible score; every entry above it is picked, and of the entries equal to it the
-        lowest ones fill the remaining places (ties to the lower index); output place ``j`` holds the entry at
-        which the running count of picks reaches ``j + 1`` (a binary search), so the row comes out ascending
-        and -1 padded, with the same ops whatever the number of queries."""
-        t, n = scores.shape
-        k = min(topk, n)
-        if k == 0:
-            return torch.full((t, topk), -1, dtype=torch.int32, device=scores.device)
-        entry = torch.arange(n, device=scores.device)
-        ok = entry[None, :] < visible[:, None]
-        scores = torch.where(ok, scores, float("-inf"))
-        kth = torch.topk(scores, k, dim=1).values[:, -1:]
-        above = ok & (scores > kth)
-        tied = ok & (scores == kth)
-        room = k - above.sum(dim=1, keepdim=True)
-        count = (above | (tied & (tied.cumsum(dim=1) <= room))).cumsum(dim=1)  # picks up to each entry
-        nth = torch.arange(1, topk + 1, device=scores.device).repeat(t, 1)
-        place = torch.searchsorted(count, nth)  # the entry where the running count reaches j + 1: the j-th pick
-        return torch.where(place < n, place, -1).to(torch.int32)
+        The picks of :meth:`select` per row, found by a select instead of two sorts (``topk_picks``, the torch
+        reference of the ``index_topk`` kernel: the k-th largest visible score by ``torch.topk``, ties to the
+        lower index, rows ascending and -1 padded, with the same ops whatever the number of queries)."""
+        return topk_picks(scores, visible, topk)
 
     def select_chunk(self, q: torch.Tensor, w: torch.Tensor, positions: torch.Tensor,
                      keys: torch.Tensor) -> list[torch.Tensor]:
