@@ -5,7 +5,7 @@
 Compares the torch-backend decode step of thin V4-Flash (:func:`atom.bench.forward.thin_config`, random weights
 of seed 0, every request holding ``--context`` tokens) between this tree and another checkout of the project,
 for example an older commit in a ``git worktree``. Each tree runs in its own worker process (this file run as
-a script with ``PYTHONPATH`` set to the tree, so the worker imports that tree's ``atom``; a tree whose
+a script with the tree first on ``sys.path``, so the worker imports that tree's ``atom``; a tree whose
 ``kernels/`` is not importable as ``atom.kernels`` needs a link ``atom/kernels -> ../kernels``). A worker
 builds the engine with its tree's constructors, prefills every batch, runs each decode step once untimed,
 then times ``ModelRunner.execute`` of the step on request. The driver alternates the two workers step by
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -100,10 +99,9 @@ def _worker(cfg_json: str, batches: list[int], context: int, threads: int) -> No
 
 
 def _start(tree: Path, cfg_json: str, args: argparse.Namespace) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, __file__, "--worker", cfg_json, "--batches", args.batches, "--context", str(args.context),
-           "--threads", str(args.threads)]
-    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    cmd = [sys.executable, __file__, "--worker", cfg_json, "--tree", str(tree), "--batches", args.batches,
+           "--context", str(args.context), "--threads", str(args.threads)]
+    proc = subprocess.Popen(cmd, cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().split()
     if not line or line[0] != "ready" or Path(line[1]).resolve() != tree.resolve():
         raise SystemExit(f"the worker for {tree} did not start on that tree (it said {line})")
@@ -137,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=9, help="timed steps per tree and batch")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of each worker")
     ap.add_argument("--worker", metavar="CONFIG_JSON", help=argparse.SUPPRESS)
+    ap.add_argument("--tree", help=argparse.SUPPRESS)  # the worker's tree (first on its sys.path)
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     if not batches or min(batches) < 1 or args.rounds < 1 or args.context < 2 or args.threads < 1:
@@ -165,5 +164,6 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        sys.path.pop(0)  # this file's folder: the worker imports atom from PYTHONPATH (the tree it times)
+        # this file's folder out, the tree it times in: the worker imports that tree's atom
+        sys.path[0] = sys.argv[sys.argv.index("--tree") + 1]
     main()
