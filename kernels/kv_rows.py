@@ -100,6 +100,20 @@ if HAS_TRITON:
     from .fp8_index_key import load_index_key_tile, store_index_key_rows
 
     @triton.jit
+    def token_slots(seq_ptr, pos_ptr, table_ptr, t, num_tokens, table_stride, block_size, row_stride, rows_stride):
+        """``(ok, pos, dst)`` of tokens ``t``: whether each has a sequence, a position and a page (padding tokens
+        carry -1), its position, and the element offset of its row in the paged rows (row ``pos % block_size``
+        of page ``table[seq, pos // block_size]``)."""
+        ok = t < num_tokens
+        seq = tl.load(seq_ptr + t, mask=ok, other=-1)
+        pos = tl.load(pos_ptr + t, mask=ok, other=-1)
+        ok = ok & (seq >= 0) & (pos >= 0)
+        page = tl.load(table_ptr + seq.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
+        ok = ok & (page >= 0)
+        dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride
+        return ok, pos, dst
+
+    @triton.jit
     def store_rows(src_ptr, src_off, dst_ptr, dst_off, ok, width, BLOCK_W: tl.constexpr, FMT: tl.constexpr,
                    NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr, PAD: tl.constexpr,
                    PAD_P2: tl.constexpr, X_IS_BF16: tl.constexpr):

@@ -101,6 +101,7 @@ def rope_kv_write_ref(kv: torch.Tensor, rows: torch.Tensor, swa_table: torch.Ten
 if HAS_TRITON:
     from .quant_formats import e4m3_bits, ue8m0_exponent
     from .rope import rotate_pairs
+    from .kv_rows import token_slots
     from .store_rounding import rounded_for
 
     @triton.jit
@@ -128,13 +129,8 @@ if HAS_TRITON:
                               ROPE_P2: tl.constexpr, QB: tl.constexpr, ROUNDTRIP: tl.constexpr,
                               FMT: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr, X_IS_BF16: tl.constexpr):
         t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        ok = t < num_tokens
-        seq = tl.load(seq_ptr + t, mask=ok, other=-1)
-        pos = tl.load(pos_ptr + t, mask=ok, other=-1)
-        ok = ok & (seq >= 0) & (pos >= 0)
-        page = tl.load(table_ptr + seq.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
-        ok = ok & (page >= 0)
-        dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride  # elements (bytes) of rows
+        ok, pos, dst = token_slots(seq_ptr, pos_ptr, table_ptr, t, num_tokens, table_stride, block_size, row_stride,
+                                   rows_stride)  # dst: elements (bytes) of rows
         src = t.to(tl.int64) * x_stride
         # RoPE dims first (the NoPE blocks after them: the other order spills 4 bytes on sm90 around the slow
         # path of cos / sin): rotated as the rope kernel rotates, cast to kv's dtype, then bf16 (round trip, encode)

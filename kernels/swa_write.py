@@ -123,7 +123,7 @@ def swa_write_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, 
 # ----------------------------------------------------------------------------------------------
 
 if HAS_TRITON:
-    from .kv_rows import store_rows
+    from .kv_rows import store_rows, token_slots
 
     @triton.jit
     def _swa_write_tokens_kernel(k_ptr, rows_ptr, table_ptr, seq_ptr, pos_ptr, num_tokens, width,
@@ -132,13 +132,8 @@ if HAS_TRITON:
                                  ROPE: tl.constexpr, QBLOCK: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr,
                                  X_IS_BF16: tl.constexpr):
         t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        ok = t < num_tokens
-        seq = tl.load(seq_ptr + t, mask=ok, other=-1)
-        pos = tl.load(pos_ptr + t, mask=ok, other=-1)
-        ok = ok & (seq >= 0) & (pos >= 0)
-        page = tl.load(table_ptr + seq.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
-        ok = ok & (page >= 0)
-        dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride
+        ok, pos, dst = token_slots(seq_ptr, pos_ptr, table_ptr, t, num_tokens, table_stride, block_size, row_stride,
+                                   rows_stride)
         store_rows(k_ptr, t.to(tl.int64) * k_stride, rows_ptr, dst, ok, width, BLOCK_W, FMT, NOPE, ROPE, QBLOCK,
                    PAD, PAD_P2, X_IS_BF16)
 
