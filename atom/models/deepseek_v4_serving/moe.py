@@ -75,12 +75,17 @@ class ServingMoE(MoEWeights):
     def _held(self) -> list[Expert]:
         return [self.experts[e] for e in self.expert_range]
 
+    def _first_held(self) -> Expert:
+        """The first held expert, which speaks for all of them (one format, one split): no list of every held
+        module built on the step's path."""
+        return self.experts[self.expert_range.start]
+
     @property
     def fusable(self) -> bool:
         """Whether the held experts fit the fused op: one storage format for every projection, and ``w1`` /
         ``w3``'s FP8 activation blocks those of :class:`Linear` (``w2``'s may be a split layer's, passed to the
         op as its ``h_quant``: :meth:`h_rounding`)."""
-        first = self._held()[0]
+        first = self._first_held()
         fmt = first.w1.fmt
         return all(getattr(first, p).fmt == fmt for p in _PROJECTIONS) and all(
             type(getattr(first, p)).quantize_input is Linear.quantize_input for p in ("w1", "w3"))
@@ -90,7 +95,7 @@ class ServingMoE(MoEWeights):
         blocks; or ``(0, w2.quantize_input)`` when the held ``w2`` overrides it (a tensor-parallel slice whose
         FP8 input blocks span ranks: each row's block maxima are all-gathered, so every rank rounds as the
         unsplit layer does). Every expert's ``w2`` shares the layer's split, so the first one's serves all."""
-        w2 = self._held()[0].w2
+        w2 = self._first_held().w2
         if w2.act_block and type(w2).quantize_input is not Linear.quantize_input:
             return 0, w2.quantize_input
         return w2.act_block, None
@@ -166,7 +171,7 @@ class ServingMoE(MoEWeights):
         if not self.fusable:
             return self.routed_per_expert(x, weights, idx)
         (w1, w3, w2), (s1, s3, s2) = self.expert_stack()
-        first = self._held()[0]
+        first = self._first_held()
         xe = x.to(first.w1.weight.dtype if first.w1.fmt == "dense" else first.w1.dtype)
         h_block, h_quant = self.h_rounding()
         return self._fused(xe, weights, idx, w1, w3, w2, s1, s3, s2, limit=first.limit,
