@@ -16,7 +16,8 @@ w2_scale=None, ...)``:
 What does not map: aiter's ``Silu`` activation has no SwiGLU clamp, and its FP8 path quantizes activations
 with its own per-token scales rather than ``act_blocks`` power-of-two blocks. A call with ``limit > 0`` or
 nonzero ``act_blocks`` or an ``h_quant`` hook (every DeepSeek-V4 layer) therefore runs the Triton wrapper; the
-aiter kernel takes only the unclamped, unquantized-activation case.
+aiter kernel takes only the unclamped, unquantized-activation case. ``shared`` (the shared expert's output the
+routed sum is added onto) has no aiter argument: it is added to aiter's output after the call.
 """
 
 from __future__ import annotations
@@ -47,12 +48,13 @@ def _gate_up(w1: torch.Tensor, w3: torch.Tensor, s1: torch.Tensor | None, s3: to
 
 def fused_moe_aiter(x, route_w, route_idx, w1, w3, w2, s1=None, s3=None, s2=None, *, limit: float,
                     act_blocks: tuple[int, int] = (0, 0), first_expert: int = 0,
-                    h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                    h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    shared: torch.Tensor | None = None) -> torch.Tensor:
     """The ``fused_moe`` contract through aiter where it maps (module docstring), else the Triton wrapper
     (always with ``h_quant``: aiter's kernel has no hook between its two GEMMs)."""
     if limit > 0 or any(act_blocks) or h_quant is not None or x.dtype != torch.bfloat16:
         return fused_moe(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit=limit, act_blocks=act_blocks,
-                         first_expert=first_expert, h_quant=h_quant)
+                         first_expert=first_expert, h_quant=h_quant, shared=shared)
     aiter = importlib.import_module("aiter")
     moe = importlib.import_module("aiter.fused_moe")
     quant = {"dense": aiter.QuantType.No, "fp8": aiter.QuantType.per_1x128,
@@ -64,4 +66,4 @@ def fused_moe_aiter(x, route_w, route_idx, w1, w3, w2, s1=None, s3=None, s2=None
     out = moe.fused_moe(x, w13, w2, route_w, route_idx.to(torch.int32), 
                         activation=aiter.ActivationType.Silu, quant_type=quant, doweight_stage1=True,
                         w1_scale=s13, w2_scale=None if s2 is None else e8m0_to_float(s2))
-    return out.float()
+    return out.float() if shared is None else out.float() + shared.float()

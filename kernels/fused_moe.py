@@ -3,7 +3,7 @@
 Contract (``fused_moe`` and ``fused_moe_ref`` share it)::
 
     fused_moe(x, route_w, route_idx, w1, w3, w2, s1=None, s3=None, s2=None, *,
-              limit, act_blocks=(0, 0), first_expert=0, h_quant=None) -> fp32 [T, D]
+              limit, act_blocks=(0, 0), first_expert=0, h_quant=None, shared=None) -> fp32 [T, D]
 
 * ``x [T, D]`` fp32 / bf16 (float64: reference only); ``route_w [T, k]`` fp32 routing weights and
   ``route_idx [T, k]`` int32 / int64 expert ids (the ``Gate``'s top-k or hash picks).
@@ -25,13 +25,17 @@ Contract (``fused_moe`` and ``fused_moe_ref`` share it)::
   of a group sorts the same pairs the same way) and returns them rounded, same shape and dtype. A
   tensor-parallel rank whose ``w2`` input blocks span ranks passes its ``SplitInputLinear.quantize_input``
   (one all-gather of the rows' block maxima), so the rounding is the unsplit layer's, with no host read.
-* Returns each token's sum of its pairs' ``y`` in fp32.
+* Returns each token's sum of its pairs' ``y`` in fp32; with ``shared`` (``[T, D]`` fp32 / bf16 / fp16: the
+  shared expert's output), that sum plus ``shared`` in fp32. On the Triton path the second GEMM's atomics add onto
+  ``shared`` (the output starts as it), so the layer's ``routed + shared`` costs no launch of its own; the
+  reference adds ``shared`` after the routed sum, as :meth:`MoEWeights.with_shared` does, so its result is the
+  reference layer's bit for bit (the Triton path's order of adds differs, as it does among a token's pairs).
 
 Permutation (both implementations, on the device, nothing read back): the ``T*k`` pairs are sorted by
 expert (``order``), and ``offsets[E + 1]`` bound each expert's run. The reference sorts (``torch.sort``,
 stable, then ``searchsorted`` of the sorted ids); the Triton path runs one launch of
 :func:`~atom.kernels.moe_permute.moe_permute` (a counting sort giving the same order and offsets), which also
-zeroes the output the second GEMM accumulates into.
+zeroes the output the second GEMM accumulates into (or copies ``shared`` into it).
 
 Triton: one launch for ``w1`` / ``w3`` (two accumulators, SwiGLU, clamp, routing weight and the FP8
 round trip of ``h`` in the epilogue; ``h`` goes to a ``[T*k, I]`` buffer in sorted order) and one for ``w2``
@@ -71,6 +75,8 @@ if HAS_TRITON:
 __all__ = ["fused_moe", "fused_moe_ref", "expert_format", "reference_reads_offsets"]
 
 _FMT_CODE = {"dense": 0, "fp8": 1, "mxfp4": 2}
+#: dtypes of ``shared`` (float64: the reference only, like ``x``)
+_SHARED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def expert_format(weight: torch.Tensor) -> str:
@@ -100,7 +106,8 @@ def _check_weight(name: str, w: torch.Tensor, s: torch.Tensor | None, fmt: str, 
 
 
 def _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit: float, act_blocks: tuple[int, int],
-           first_expert: int, h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> str:
+           first_expert: int, h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None,
+           shared: torch.Tensor | None = None) -> str:
     """The experts' format after ``ValueError`` checks of every argument (values only with value checks on)."""
     check_rows("x", x, dtypes=VALUE_DTYPES)
     t, d = x.shape
@@ -124,7 +131,11 @@ def _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit: float, act_bloc
                          f"{act_blocks[1]}")
     if first_expert < 0 or limit < 0:
         raise ValueError(f"fused_moe: first_expert and limit must be >= 0, got {first_expert}, {limit}")
-    check_same_device(x=x, route_w=route_w, route_idx=route_idx, w1=w1, w3=w3, w2=w2)
+    if shared is not None and (shared.shape != x.shape or shared.dtype not in _SHARED_DTYPES):
+        raise ValueError(f"fused_moe: shared (the shared expert's output) must be x's shape {tuple(x.shape)} in "
+                         f"{', '.join(map(str, _SHARED_DTYPES))}, got {shared.dtype} {tuple(shared.shape)}")
+    check_same_device(x=x, route_w=route_w, route_idx=route_idx, w1=w1, w3=w3, w2=w2,
+                      **({} if shared is None else {"shared": shared}))
     if value_checks_enabled() and route_idx.numel() and int(route_idx.min()) < 0:
         raise ValueError("fused_moe: route_idx holds a negative expert id")
     return fmt
@@ -194,10 +205,10 @@ def _rounded_h(h_quant: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor)
 def fused_moe_ref(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w1: torch.Tensor,
                   w3: torch.Tensor, w2: torch.Tensor, s1: torch.Tensor | None = None, s3: torch.Tensor | None = None,
                   s2: torch.Tensor | None = None, *, limit: float, act_blocks: tuple[int, int] = (0, 0),
-                  first_expert: int = 0, h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None
-                  ) -> torch.Tensor:
+                  first_expert: int = 0, h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  shared: torch.Tensor | None = None) -> torch.Tensor:
     """Torch reference (module docstring): grouped GEMMs over the expert-sorted pairs, no host read."""
-    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert, h_quant)
+    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert, h_quant, shared)
     t, k = route_idx.shape
     order, offsets = _permute(route_idx, w1.shape[0], first_expert)
     xq = fp8_roundtrip(x, act_blocks[0]) if act_blocks[0] else x
@@ -218,7 +229,8 @@ def fused_moe_ref(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tenso
     pair_out[order] = y
     ascending = torch.sort(route_idx, dim=1, stable=True).indices
     per_slot = pair_out.view(t, k, y.shape[1]).gather(1, ascending[:, :, None].expand(-1, -1, y.shape[1]))
-    return per_slot.sum(dim=1)
+    routed = per_slot.sum(dim=1)
+    return routed if shared is None else routed + shared.float()
 
 
 # ----- Triton ----------------------------------------------------------------------------------------------------
@@ -379,10 +391,11 @@ def _strides(s: torch.Tensor | None, twin: torch.Tensor | None,
 def fused_moe(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w1: torch.Tensor,
               w3: torch.Tensor, w2: torch.Tensor, s1: torch.Tensor | None = None, s3: torch.Tensor | None = None,
               s2: torch.Tensor | None = None, *, limit: float, act_blocks: tuple[int, int] = (0, 0),
-              first_expert: int = 0, h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+              first_expert: int = 0, h_quant: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              shared: torch.Tensor | None = None) -> torch.Tensor:
     """Triton fused MoE: permutation, then one launch per GEMM pair (same contract as :func:`fused_moe_ref`)."""
     require_triton("fused_moe")
-    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert, h_quant)
+    fmt = _check(x, route_w, route_idx, w1, w3, w2, s1, s3, s2, limit, act_blocks, first_expert, h_quant, shared)
     if x.dtype == torch.float64:
         raise ValueError("fused_moe: float64 runs on the torch reference only (the CPU verification mode)")
     t, k = route_idx.shape
@@ -390,8 +403,10 @@ def fused_moe(x: torch.Tensor, route_w: torch.Tensor, route_idx: torch.Tensor, w
     out = torch.empty(t, d, dtype=torch.float32, device=x.device)
     pairs = t * k
     if pairs == 0:
-        return out.zero_()
-    order, offsets = moe_permute(route_idx, e, first_expert, zero=out)  # one launch; it also zeroes out
+        return out.zero_() if shared is None else out.copy_(shared)
+    # one launch; it also sets out to 0, or to the shared expert's output the routed pairs are added onto
+    order, offsets = moe_permute(route_idx, e, first_expert, zero=out,
+                                 init=None if shared is None else shared.contiguous())
     h = torch.empty(pairs, i, dtype=x.dtype, device=x.device)
     bm, bn, bk = moe_tiles(pairs, e, x.device)
     row_tiles = triton.cdiv(pairs, bm) + min(e, pairs)

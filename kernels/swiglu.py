@@ -1,10 +1,13 @@
 """The experts' clamped SwiGLU as one op: ``silu(min(gate, limit)) * clamp(up, -limit, limit)`` in fp32.
 
-Contract: ``gate`` and ``up [..., I]`` (the ``w1`` and ``w3`` outputs; same shape, fp32 / bf16 / fp16, inner dim
-contiguous), ``limit`` a float (``<= 0``: no clamp), ``out_dtype`` -> a new ``[..., I]`` tensor of
-``out_dtype``: both inputs are read as fp32, clamped as the reference ``Expert`` clamps them (``up`` both
+Contract: ``gate`` and ``up [..., I]`` (the ``w1`` and ``w3`` outputs; same shape, fp32 / bf16 / fp16), ``limit``
+a float (``<= 0``: no clamp), ``out_dtype`` -> a new contiguous ``[..., I]`` tensor of ``out_dtype``: both inputs are read as fp32, clamped as the reference ``Expert`` clamps them (``up`` both
 ways, ``gate`` from above), multiplied in fp32 and cast once. :func:`swiglu_ref` is the reference's torch
 arithmetic (two casts, two clamps, ``silu``, a multiply and a cast); :func:`swiglu` one Triton launch.
+
+The kernel reads rows with their own strides (only the inner dim must be contiguous), so ``gate`` and ``up`` can
+be the two column halves of one merged ``w1`` / ``w3`` product (``MergedLinear``) with no copy; other layouts
+are copied contiguous first. One program per (row, block of ``I``).
 ``silu`` is ``g * sigmoid(g)``; the kernel's ``exp`` may differ from torch's in the last bit of fp32.
 """
 
@@ -47,16 +50,18 @@ def swiglu_ref(gate: torch.Tensor, up: torch.Tensor, limit: float, out_dtype: to
 if HAS_TRITON:
 
     @triton.jit
-    def _swiglu_kernel(g_ptr, u_ptr, out_ptr, n, limit, CLAMP: tl.constexpr, BLOCK: tl.constexpr):
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        ok = offs < n
-        g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-        u = tl.load(u_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    def _swiglu_kernel(g_ptr, u_ptr, out_ptr, width, stride_g, stride_u, limit, CLAMP: tl.constexpr,
+                       BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < width
+        g = tl.load(g_ptr + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + row * stride_u + cols, mask=ok, other=0.0).to(tl.float32)
         if CLAMP:
             u = tl.minimum(tl.maximum(u, -limit), limit)
             g = tl.minimum(g, limit)
         h = g / (1.0 + tl.exp(-g)) * u
-        tl.store(out_ptr + offs, rounded_for(h, out_ptr.dtype.element_ty), mask=ok)
+        tl.store(out_ptr + row * width + cols, rounded_for(h, out_ptr.dtype.element_ty), mask=ok)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, out_dtype: torch.dtype) -> torch.Tensor:
@@ -65,10 +70,18 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, out_dtype: torch.
     require_triton("swiglu")
     if gate.device != up.device:
         raise ValueError(f"gate is on {gate.device}, up on {up.device}; they must share a device")
-    g, u = gate.contiguous(), up.contiguous()
-    out = torch.empty(g.shape, dtype=out_dtype, device=g.device)
-    n = g.numel()
-    if n:
-        block = min(1024, next_pow2(n))
-        _swiglu_kernel[(triton.cdiv(n, block),)](g, u, out, n, float(limit), CLAMP=limit > 0, BLOCK=block)
+    out = torch.empty(gate.shape, dtype=out_dtype, device=gate.device)
+    width = gate.shape[-1]
+    if out.numel():
+        g, u = _rows(gate), _rows(up)
+        block = min(1024, next_pow2(width))
+        _swiglu_kernel[(g.shape[0], triton.cdiv(width, block))](
+            g, u, out, width, g.stride(0), u.stride(0), float(limit), CLAMP=limit > 0, BLOCK=block)
     return out
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as ``[rows, I]`` with a unit inner stride: a view when its layout allows (a column slice of a wider
+    product does), else a contiguous copy."""
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 or rows.shape[-1] == 1 else rows.contiguous()

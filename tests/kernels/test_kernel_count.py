@@ -26,8 +26,8 @@ def test_skipping_the_launches_counts_what_running_them_counts():
 def test_a_skipped_launch_does_not_write_its_output():
     from atom.kernels.swiglu import _swiglu_kernel
 
-    gate, up = torch.randn(32), torch.randn(32)
-    out = torch.full((32,), 7.0)
+    gate, up = torch.randn(1, 32), torch.randn(1, 32)
+    out = torch.full((1, 32), 7.0)
     with KernelCounter(run_triton=False) as c:
-        _swiglu_kernel[(1,)](gate, up, out, 32, 10.0, CLAMP=True, BLOCK=32)
-    assert c.triton == 1 and torch.equal(out, torch.full((32,), 7.0))
+        _swiglu_kernel[(1, 1)](gate, up, out, 32, 32, 32, 10.0, CLAMP=True, BLOCK=32)
+    assert c.triton == 1 and torch.equal(out, torch.full((1, 32), 7.0))

@@ -104,6 +104,30 @@ def test_an_expert_parallel_slice_adds_only_the_pairs_of_its_experts(gen):
         torch.testing.assert_close(tri, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_shared_experts_output_is_added_onto_the_routed_sum(dtype, gen):
+    w = experts("fp8", gen, dtype)
+    for t, k in ((1, 2), (11, 3)):
+        x = torch.randn(t, D, generator=gen).to(dtype)
+        shared = torch.randn(t, D, generator=gen).to(dtype)
+        route_w, idx = routing(t, k, gen)
+        routed = fused_moe_ref(x, route_w, idx, *w, limit=2.0, act_blocks=(32, 32))
+        want = fused_moe_ref(x, route_w, idx, *w, limit=2.0, act_blocks=(32, 32), shared=shared)
+        assert torch.equal(want, routed + shared.float())  # the reference layer's order: routed sum, then shared
+        got = fused_moe(x, route_w, idx, *w, limit=2.0, act_blocks=(32, 32), shared=shared)
+        tol = 2 ** -7 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * float(want.abs().max()))
+
+
+def test_no_pairs_return_the_shared_output_alone(gen):
+    w = experts("dense", gen)
+    shared = torch.randn(3, D, generator=gen).to(torch.bfloat16)
+    for op in (fused_moe, fused_moe_ref):
+        out = op(torch.randn(3, D, generator=gen), torch.empty(3, 0), torch.empty(3, 0, dtype=torch.long), *w,
+                 limit=1.0, shared=shared)
+        assert out.dtype == torch.float32 and torch.equal(out, shared.float())
+
+
 def test_no_tokens_give_an_empty_sum(gen):
     w = experts("dense", gen)
     empty = torch.empty(0, D)
@@ -125,6 +149,8 @@ def test_bad_arguments_are_refused_naming_what_is_wrong(op, gen):
         op(x, route_w, idx, w1, w3, w2, limit=1.0, act_blocks=(48, 0))
     with pytest.raises(ValueError, match="negative expert id"):
         op(x, route_w, -idx - 1, w1, w3, w2, limit=1.0)
+    with pytest.raises(ValueError, match="shared .the shared expert's output. must be x's shape"):
+        op(x, route_w, idx, w1, w3, w2, limit=1.0, shared=torch.zeros(3, D + 1))
     fp8 = experts("fp8", gen)
     with pytest.raises(ValueError, match="needs e8m0 scales"):
         op(x, route_w, idx, *fp8[:3], None, *fp8[4:], limit=1.0)

@@ -34,8 +34,19 @@ def test_the_same_launch_zeroes_the_output_it_is_given():
     assert torch.count_nonzero(out).item() == 0
 
 
+def test_the_same_launch_can_start_the_output_at_the_shared_experts_values():
+    out = torch.full((300, 17), 3.5)
+    init = torch.randn(300, 17, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    order, offsets = moe_permute(torch.tensor([[1, 0], [0, 1]]), 2, zero=out, init=init)
+    assert torch.equal(out, init.float()) and order.tolist() == [1, 2, 0, 3] and offsets.tolist() == [0, 2, 4]
+
+
 def test_bad_arguments_are_refused_with_what_is_accepted():
     with pytest.raises(ValueError, match="num_experts must be >= 1"):
         moe_permute(torch.zeros(1, 2, dtype=torch.int64), 0)
     with pytest.raises(ValueError, match="contiguous fp32"):
         moe_permute(torch.zeros(1, 2, dtype=torch.int64), 2, zero=torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="init must be a contiguous fp32 / bf16 / fp16 tensor with zero's 4"):
+        moe_permute(torch.zeros(1, 2, dtype=torch.int64), 2, zero=torch.zeros(4), init=torch.zeros(5))
+    with pytest.raises(ValueError, match="init must be"):
+        moe_permute(torch.zeros(1, 2, dtype=torch.int64), 2, init=torch.zeros(4))

@@ -1,10 +1,13 @@
 """The serving model's MoE sub-layer: the reference's parameters (:class:`MoEWeights`), its own dispatch.
 
 Routing is the reference's (``Gate``: the same scores, the same top-k or hash picks); on a GPU backend the
-router GEMM is followed by one ``moe_route`` launch, and the shared expert's SwiGLU is one ``swiglu`` launch.
+router GEMM is followed by one ``moe_route`` launch, the shared expert's ``w1`` and ``w3`` are one GEMM over
+weights concatenated once at bind (``MergedLinear``; two where the merge is refused) and its SwiGLU is one
+``swiglu`` launch reading the two halves of that product.
 The routed experts run through the ``fused_moe`` kernel op (:mod:`atom.kernels.fused_moe`): the (token, expert)
 pairs sorted by expert on the device, one grouped GEMM for ``w1`` / ``w3`` with the clamped SwiGLU and the routing
-weight, one for ``w2`` with the combine, dense, FP8 or MXFP4 experts alike. The op takes the held experts'
+weight, one for ``w2`` with the combine, dense, FP8 or MXFP4 experts alike; the shared expert runs first and the
+op's output starts as its output, so ``routed + shared`` is no launch of its own. The op takes the held experts'
 weights stacked: on the first forward (and again if the parameters are replaced) each projection's weights
 and scales are stacked once and every expert's parameters become views of the stack, so the stack costs no
 second copy and the reference's per-expert modules (and state dict names) stay as they are.
@@ -37,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from atom.models.deepseek_v4.layers import Linear
+from atom.models.deepseek_v4.merged_linear import MergedLinear
 from atom.models.deepseek_v4.moe import Expert, MoEWeights
 
 __all__ = ["ServingMoE"]
@@ -51,6 +55,9 @@ class ServingMoE(MoEWeights):
     _fused_source = "torch"
     _swiglu: Callable[..., torch.Tensor] | None = None
     _route: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    #: the shared expert's ``w1`` and ``w3`` (both read the normed input): one GEMM on a GPU backend, merged
+    #: once by :meth:`bind_kernels`; the torch backend keeps two (the reference's GEMMs, value for value)
+    _shared_w13: MergedLinear | None = None
     #: set by ``shard_model`` under data-parallel attention: the dispatch/combine of the routed rows (an
     #: ``atom.parallel.expert_exchange.ExpertExchange``; not imported here: the model does not depend on the
     #: package that shards it)
@@ -71,6 +78,9 @@ class ServingMoE(MoEWeights):
         gpu = kernels is not None and kernels.sources["swiglu"] != "torch"
         self._swiglu = kernels.swiglu if gpu else None
         self._route = kernels.moe_route if gpu else None
+        ex = self.shared_experts
+        self._shared_w13 = MergedLinear(ex.w1, ex.w3)  # after the Linears' bind_gemm: the merge copies their GEMM
+        self._shared_w13.bind(merge=gpu)  # refused (FP8 rows off the 128 grid, split Linears): two GEMMs
 
     def _held(self) -> list[Expert]:
         return [self.experts[e] for e in self.expert_range]
@@ -149,6 +159,8 @@ class ServingMoE(MoEWeights):
         weights, idx = self.route(x, token_ids)
         if self.exchange is not None:
             return self.with_shared(x, self.exchange.run_experts(x, weights, idx, self.held_routed))
+        if self.runs_fused_op:  # the shared expert first: the fused op's output starts as it (no add launched)
+            return self.comm.all_reduce(self.held_routed(x, weights, idx, self.shared_output(x))).to(x.dtype)
         return self.with_shared(x, self.held_routed(x, weights, idx))
 
     def pad_experts(self, rows: int, dtype: torch.dtype) -> None:
@@ -162,13 +174,26 @@ class ServingMoE(MoEWeights):
         weights, idx = self.gate(x, torch.zeros(rows, dtype=torch.int64, device=x.device))
         self.exchange.run_experts(x, weights, idx, self.held_routed)
 
-    def held_routed(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    @property
+    def runs_fused_op(self) -> bool:
+        """Whether :meth:`held_routed` runs the ``fused_moe`` op (the bound kernel, or its reference when bound
+        ``host_free`` on the torch backend); otherwise the reference's own paths (the CPU: its rounding, op for
+        op; grouped dense experts are host-free already) or one GEMM per expert (experts the op cannot take)."""
+        if self._fused_source == "torch":
+            return not self.grouped and self._grouped_reference and self.fusable
+        return self.fusable
+
+    def held_routed(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor,
+                    shared: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 ``[T, dim]``: each row's sum over the experts held here (whole, or this rank's slice of each)
-        among its chosen ``idx`` with routing ``weights``."""
-        if self._fused_source == "torch" and (self.grouped or not (self._grouped_reference and self.fusable)):
-            # the CPU: the reference's own paths, so its rounding, op for op (grouped: host-free already)
-            return self.routed(x, weights, idx) if self.grouped else self.routed_per_expert(x, weights, idx)
-        if not self.fusable:
+        among its chosen ``idx`` with routing ``weights``; plus ``shared`` (the shared expert's output, in
+        fp32, added after the routed sum as :meth:`with_shared` adds it) when given, which only the fused op
+        takes (:attr:`runs_fused_op`)."""
+        if not self.runs_fused_op:
+            if shared is not None:
+                raise ValueError("held_routed: only the fused op adds the shared expert's output (runs_fused_op)")
+            if self._fused_source == "torch" and self.grouped:
+                return self.routed(x, weights, idx)
             return self.routed_per_expert(x, weights, idx)
         (w1, w3, w2), (s1, s3, s2) = self.expert_stack()
         first = self._first_held()
@@ -176,16 +201,22 @@ class ServingMoE(MoEWeights):
         h_block, h_quant = self.h_rounding()
         return self._fused(xe, weights, idx, w1, w3, w2, s1, s3, s2, limit=first.limit,
                            act_blocks=(first.w1.act_block, h_block), first_expert=self.expert_range.start,
-                           h_quant=h_quant)
+                           h_quant=h_quant, shared=shared)
+
+    def shared_output(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert's output ``[T, dim]`` (this rank's partial sum under tensor parallelism); on a GPU
+        backend ``w1`` and ``w3`` are one GEMM (:attr:`_shared_w13`) whose two column halves the clamped SwiGLU
+        kernel (``swiglu``) reads in place, then ``w2``."""
+        ex = self.shared_experts
+        if self._swiglu is None or self._shared_w13 is None:
+            return ex(x)
+        gate, up = self._shared_w13(x)
+        return ex.w2(self._swiglu(gate, up, float(ex.limit), x.dtype))
 
     def with_shared(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
-        """The layer's output from its routed sum (fp32 ``[T, dim]``), as ``MoEWeights.with_shared``; on a GPU
-        backend the shared expert's clamped SwiGLU is one fused kernel (``swiglu``) between its GEMMs."""
-        if self._swiglu is None:
-            return super().with_shared(x, routed)
-        ex = self.shared_experts
-        h = self._swiglu(ex.w1(x), ex.w3(x), float(ex.limit), x.dtype)
-        return self.comm.all_reduce(routed + ex.w2(h).float()).to(x.dtype)
+        """The layer's output from its routed sum (fp32 ``[T, dim]``), as ``MoEWeights.with_shared`` (the paths
+        whose routed sum is not the fused op's, which adds the shared output itself: :meth:`forward`)."""
+        return self.comm.all_reduce(routed + self.shared_output(x).float()).to(x.dtype)
 
     def route(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The gate's ``(weights [T, k], idx [T, k])``; on a GPU backend the router GEMM then one ``moe_route``
