@@ -27,6 +27,8 @@ __all__ = ["ServingBlock", "ServingMTPBlock", "hc_post_accumulate"]
 FP8_NORM_INPUTS = {"attn_norm": ("attn.wq_a", "attn.wkv", "attn.indexer.weights_proj"),
                    "attn.q_norm": ("attn.wq_b", "attn.indexer.wq_b"),
                    "ffn_norm": ("ffn.shared_experts.w1", "ffn.shared_experts.w3")}
+#: the MTP block's input norms and the FP8 linears each feeds (besides :data:`FP8_NORM_INPUTS`)
+MTP_FP8_NORM_INPUTS = {"enorm": ("e_proj",), "hnorm": ("h_proj",)}
 
 
 def hc_post_accumulate(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
@@ -49,6 +51,7 @@ class ServingBlock(BlockWeights):
     attn: ArenaAttention
     ffn: ServingMoE
     _fp8_norms_for: KernelSet | None = None  # the kernel set :meth:`bind_fp8_norms` last ran for
+    fp8_norm_inputs = FP8_NORM_INPUTS  # the norms :meth:`bind_fp8_norms` binds, and the linears each feeds
 
     def small_ops(self) -> KernelSet | None:
         """The kernel set whose fused small ops (RMSNorm, RoPE, ``hc_pre``, ``hc_post``) this block runs: the
@@ -78,20 +81,25 @@ class ServingBlock(BlockWeights):
     def forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
         """The new stream ``[T, hc, d]`` of the step's rows; writes their KV rows into the arena. On a GPU
         backend the norms and rotations inside run the fused kernels (:func:`fused_small_ops`)."""
-        k = self.small_ops()
+        k = self.bound_small_ops()
         if k is None:
             return self._forward(h, step, tables)
-        if self._fp8_norms_for is not k:
-            self.bind_fp8_norms()
-            self._fp8_norms_for = k
         with fused_small_ops(k):
             return self._forward(h, step, tables)
 
+    def bound_small_ops(self) -> KernelSet | None:
+        """:meth:`small_ops`, with :meth:`bind_fp8_norms` run once for that kernel set."""
+        k = self.small_ops()
+        if k is not None and self._fp8_norms_for is not k:
+            self.bind_fp8_norms()
+            self._fp8_norms_for = k
+        return k
+
     def bind_fp8_norms(self) -> None:
-        """Give each norm of :data:`FP8_NORM_INPUTS` the activation block of the W8A8 linears it feeds (``Linear.w8a8``
+        """Give each norm of :attr:`fp8_norm_inputs` the activation block of the W8A8 linears it feeds (``Linear.w8a8``
         bound; 0 when none is, or they disagree), so on a GPU backend it quantizes its output for them in its own
         launch (``rms_norm_fp8``) instead of each linear launching ``fp8_act_quant``."""
-        for norm_path, linear_paths in FP8_NORM_INPUTS.items():
+        for norm_path, linear_paths in self.fp8_norm_inputs.items():
             blocks = set()
             for path in linear_paths:
                 try:
@@ -112,3 +120,14 @@ class ServingBlock(BlockWeights):
 class ServingMTPBlock(MTPWeights, ServingBlock):
     """The MTP block of the serving model: the MTP parameters and input / collapse of :class:`MTPWeights`
     around a serving block (its SWA rows live in the arena like any layer's)."""
+
+    fp8_norm_inputs = {**FP8_NORM_INPUTS, **MTP_FP8_NORM_INPUTS}
+
+    def mtp_input(self, h: torch.Tensor, next_emb: torch.Tensor) -> torch.Tensor:
+        """``MTPWeights.mtp_input``; on a GPU backend ``enorm`` / ``hnorm`` run the fused norm kernel like the block's
+        own norms, quantizing for ``e_proj`` / ``h_proj`` in the same launch when those run W8A8 (``rms_norm_fp8``)."""
+        k = self.bound_small_ops()
+        if k is None:
+            return super().mtp_input(h, next_emb)
+        with fused_small_ops(k):
+            return super().mtp_input(h, next_emb)
