@@ -20,8 +20,8 @@ keys, then ``searchsorted``)::
 One launch, nothing read back: program 0 is a counting sort (a histogram of the keys chunk by chunk, the
 exclusive prefix sum as ``offsets``, then each chunk's pairs placed at their expert's cursor plus their rank
 among the chunk's pairs of the same expert, a ``[BP, BP]`` comparison); the other programs zero ``zero`` in
-blocks (or copy ``init`` into it). Program 0 is serial over ``T*k / BP`` chunks: a few at decode, thousands for a long prefill chunk,
-where the GEMMs dominate.
+blocks (or copy ``init`` into it). Program 0 is serial over ``T*k / BP`` chunks: a few at decode, thousands for
+a long prefill chunk, where the GEMMs dominate.
 """
 
 from __future__ import annotations

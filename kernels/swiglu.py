@@ -1,8 +1,9 @@
 """The experts' clamped SwiGLU as one op: ``silu(min(gate, limit)) * clamp(up, -limit, limit)`` in fp32.
 
 Contract: ``gate`` and ``up [..., I]`` (the ``w1`` and ``w3`` outputs; same shape, fp32 / bf16 / fp16), ``limit``
-a float (``<= 0``: no clamp), ``out_dtype`` -> a new contiguous ``[..., I]`` tensor of ``out_dtype``: both inputs are read as fp32, clamped as the reference ``Expert`` clamps them (``up`` both
-ways, ``gate`` from above), multiplied in fp32 and cast once. :func:`swiglu_ref` is the reference's torch
+a float (``<= 0``: no clamp), ``out_dtype`` -> a new contiguous ``[..., I]`` tensor of ``out_dtype``: both inputs
+are read as fp32, clamped as the reference ``Expert`` clamps them (``up`` both ways, ``gate`` from above),
+multiplied in fp32 and cast once. :func:`swiglu_ref` is the reference's torch
 arithmetic (two casts, two clamps, ``silu``, a multiply and a cast); :func:`swiglu` one Triton launch.
 
 The kernel reads rows with their own strides (only the inner dim must be contiguous), so ``gate`` and ``up`` can

@@ -71,12 +71,13 @@ class DeepseekV4ForServing(ModelWeights):
             block.ffn.bind_kernels(kernels, host_free=host_free_experts)
 
     def cast_fp32_weights(self) -> None:
-        """Hold the router (``Gate.weight``) and compressor (``wkv`` / ``wgate``) weights in fp32: their
-        GEMMs run in fp32 (``weight.float()`` in the shared classes), which then returns the weight itself
-        instead of copying it on every step. Same values, so the same results bit for bit."""
+        """Hold the router (``Gate.weight``, and its bias where a ``.to()`` made it narrower) and compressor
+        (``wkv`` / ``wgate``) weights in fp32: their GEMMs run in fp32 (``weight.float()`` in the shared
+        classes), which then returns the weight itself instead of copying it on every step. Same values, so
+        the same results bit for bit."""
         for module in self.modules():
             if isinstance(module, Gate):
-                weights = [module.weight]
+                weights = [module.weight] if module.bias is None else [module.weight, module.bias]
             elif isinstance(module, Compressor):
                 weights = [module.wkv.weight, module.wgate.weight]
             else:
