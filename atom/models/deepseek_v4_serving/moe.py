@@ -125,9 +125,8 @@ class ServingMoE(MoEWeights):
         """``([w1, w3, w2], [s1, s3, s2])`` stacked over the held experts (scales None when dense); the experts'
         parameters are views of these tensors."""
         stack = getattr(self, "_expert_stack", None)
-        ends = ((0, self.experts[self.expert_range[0]]), (-1, self.experts[self.expert_range[-1]]))
-        if stack is not None and all(stack[0][0][j].data_ptr() == ex.w1.weight.data_ptr() for j, ex in ends):
-            return stack  # checked at the ends only: the held list is hundreds of modules, built every step
+        if stack is not None and self._views_of(stack[0][0]):
+            return stack
         held = self._held()
         weights, scales = [], []
         with torch.no_grad():
@@ -143,6 +142,18 @@ class ServingMoE(MoEWeights):
                 scales.append(s)
         self._expert_stack = (weights, scales)
         return self._expert_stack
+
+    def _views_of(self, w1: torch.Tensor) -> bool:
+        """Whether the first and last held experts' ``w1`` weights are still their rows of the stacked ``w1``
+        (checked at the ends only: the held list is hundreds of modules, built every step). Storage identity
+        and offset, not ``data_ptr``: the same answer on real tensors, and no data pointer read on fake ones
+        (the fake-device check, ``atom.bench.gpu_readiness``), where reading it is deprecated."""
+        storage, rows = w1.untyped_storage()._cdata, w1.stride(0)
+        for j in (0, len(self.expert_range) - 1):
+            weight = self.experts[self.expert_range[j]].w1.weight
+            if weight.untyped_storage()._cdata != storage or weight.storage_offset() != w1.storage_offset() + j * rows:
+                return False
+        return True
 
     def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(w1, w3, w2)`` for the reference's grouped GEMM (:meth:`MoEWeights.routed`, the torch backend's dense
