@@ -7,8 +7,12 @@
 First a per-operation table (admit, 8K prefill chunk, decode, free, and with the whole arena cached
 the eviction room check and a chunk reclaim; median microseconds per call)
 for the workloads of :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
-Every configuration runs ``--reps`` times (default 5) with garbage collected before each run; a table figure is
-the median over the runs and each row's ``spread`` is the largest (max - min) / median of its figures.
+Every configuration runs ``--reps`` times (default 5), round-robin: the first run of every configuration
+of a table, then the second, and so on, so that a burst of load from other processes lands in one
+run of several configurations instead of every run of one. Garbage is collected before each run and
+the collector is frozen while it is timed (objects built for the run are not walked again; see
+:func:`atom.bench.control_plane_ops.frozen_gc`). A table figure is the median over the runs and each
+row's ``spread`` is the largest (max - min) / median of its figures.
 
 Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
 allocates no tensors), a fake runner, all driven by :class:`LLMEngine`. Each configuration first
@@ -38,7 +42,7 @@ import statistics
 import time
 from typing import Callable, Sequence as Seq, TypeVar
 
-from atom.bench.control_plane_ops import WORKLOADS, measure_ops
+from atom.bench.control_plane_ops import WORKLOADS, frozen_gc, measure_ops
 from atom.config import CacheConfig, SchedulerConfig
 from atom.kv.block_manager import BlockManager
 from atom.testing.fake_runner import FakeRunner
@@ -91,24 +95,25 @@ def time_decode(num_seqs: int, context: int, steps: int) -> float:
     sched = engine.scheduler
     while any(s.in_prefill for s in sched.running) or sched.waiting:
         engine.step()
-    gc.collect()  # the prefill's garbage is not the decode steps' cost
     times = []
-    for _ in range(steps):
-        runner.seconds = 0.0
-        t0 = time.process_time()
-        batch = engine.step_detailed().batch
-        times.append(time.process_time() - t0 - runner.seconds)
-        assert len(batch.seqs) == num_seqs and batch.num_tokens == num_seqs
+    with frozen_gc():  # the prefill's garbage is not the decode steps' cost, nor is walking its requests
+        for _ in range(steps):
+            runner.seconds = 0.0
+            t0 = time.process_time()
+            batch = engine.step_detailed().batch
+            times.append(time.process_time() - t0 - runner.seconds)
+            assert len(batch.seqs) == num_seqs and batch.num_tokens == num_seqs
     return statistics.median(times) * 1e6
 
 
-def _repeated(run: Callable[[], T], reps: int) -> list[T]:
-    """``reps`` results of ``run``, with garbage collected before each (an earlier run's garbage is not
-    this one's cost)."""
-    out = []
+def _round_robin(runs: Seq[Callable[[], T]], reps: int) -> list[list[T]]:
+    """``reps`` results of each of ``runs``, taken round-robin (every run once, then again, ...), with
+    garbage collected before each (an earlier run's garbage is not this one's cost)."""
+    out: list[list[T]] = [[] for _ in runs]
     for _ in range(reps):
-        gc.collect()
-        out.append(run())
+        for run, results in zip(runs, out):
+            gc.collect()
+            results.append(run())
     return out
 
 
@@ -119,24 +124,39 @@ def _median_spread(values: list[float]) -> tuple[float, float]:
 
 
 def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
-    """Print the per-operation table (each figure the median over ``reps`` runs; the last column the
-    largest spread of the row's figures over those runs); return the ``ops_b128 ...`` line (printed
-    later, second to last)."""
+    """Print the per-operation table (each figure the median over ``reps`` runs, taken round-robin over
+    the rows; the last column the largest spread of the row's figures over those runs); return the
+    ``ops_b128 ...`` line (printed later, second to last)."""
+    rows = [(w, block) for block in block_sizes for w in WORKLOADS]
+    results = _round_robin([lambda w=w, block=block: measure_ops(w, block, decode_steps) for w, block in rows], reps)
     print("| workload | block | admit us | 8K prefill chunk us | decode us | free us | room check us | reclaim us | spread |")
     print("|---|---|---|---|---|---|---|---|---|")
     ops = {}
-    for block in block_sizes:
-        for w in WORKLOADS:
-            runs = _repeated(lambda: measure_ops(w, block, decode_steps), reps)
-            figs = {k: _median_spread([r[k] for r in runs]) for k in runs[0]}
-            us = ops[(w.name, block)] = {k: mid for k, (mid, _) in figs.items()}
-            spread = max((sp for mid, sp in figs.values() if not math.isnan(mid)), default=0.0)
-            print(f"| {w.name} ({w.num_seqs} x {w.context / 1024:g}K) | {block} | {us['admit']:.1f} | "
-                  f"{us['prefill']:.1f} | {us['decode']:.2f} | {us['free']:.1f} | {us['room']:.1f} | "
-                  f"{us['reclaim']:.1f} | {spread:.0%} |", flush=True)
+    for (w, block), runs in zip(rows, results):
+        figs = {k: _median_spread([r[k] for r in runs]) for k in runs[0]}
+        us = ops[(w.name, block)] = {k: mid for k, (mid, _) in figs.items()}
+        spread = max((sp for mid, sp in figs.values() if not math.isnan(mid)), default=0.0)
+        print(f"| {w.name} ({w.num_seqs} x {w.context / 1024:g}K) | {block} | {us['admit']:.1f} | "
+              f"{us['prefill']:.1f} | {us['decode']:.2f} | {us['free']:.1f} | {us['room']:.1f} | "
+              f"{us['reclaim']:.1f} | {spread:.0%} |", flush=True)
     heavy, long = ops[("decode-heavy", 128)], ops[("long-context", 128)]
     return (f"ops_b128 decode_us={heavy['decode']:.2f} admit_us={long['admit']:.1f} "
             f"prefill_8k_us={long['prefill']:.1f} free_128k_us={long['free']:.1f}")
+
+
+def step_table(seqs: Seq[int], contexts: Seq[int], steps: int, reps: int) -> dict[tuple[int, int], float]:
+    """Print the decode-step table (each figure the median over ``reps`` runs, taken round-robin over
+    the rows); return (running seqs, context) -> median microseconds per step."""
+    rows = [(n, ctx) for n in seqs for ctx in contexts]
+    results = _round_robin([lambda n=n, ctx=ctx: time_decode(n, ctx, steps) for n, ctx in rows], reps)
+    print("| running seqs | context | us per step | us per step per seq | spread |")
+    print("|---|---|---|---|---|")
+    out = {}
+    for (n, ctx), runs in zip(rows, results):
+        us, spread = _median_spread(runs)
+        out[(n, ctx)] = us
+        print(f"| {n} | {ctx} | {us:.1f} | {us / n:.2f} | {spread:.0%} |", flush=True)
+    return out
 
 
 def main(argv: Seq[str] | None = None) -> int:
@@ -162,14 +182,7 @@ def main(argv: Seq[str] | None = None) -> int:
         print(f"peer_ratio_max_op={op:.3f} peer_ratio_step_max={step:.3f} hits_vs_peer_min={hits:.3f}")
         return 0
     ops_line = ops_table(args.block_sizes, args.decode_steps, args.reps)
-    print("| running seqs | context | us per step | us per step per seq | spread |")
-    print("|---|---|---|---|---|")
-    results = {}
-    for n in args.seqs:
-        for ctx in args.contexts:
-            us, spread = _median_spread(_repeated(lambda: time_decode(n, ctx, args.steps), args.reps))
-            results[(n, ctx)] = us
-            print(f"| {n} | {ctx} | {us:.1f} | {us / n:.2f} | {spread:.0%} |", flush=True)
+    results = step_table(args.seqs, args.contexts, args.steps, args.reps)
     n = max(args.seqs)
     lo, hi = min(args.contexts), max(args.contexts)
     print(ops_line)

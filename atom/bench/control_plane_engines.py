@@ -1,9 +1,9 @@
 """The two KV-cache managers a control-plane trace is replayed on: atom's and vLLM's.
 
 :class:`AtomReplay` drives :class:`atom.kv.block_manager.BlockManager` as atom's scheduler does
-(``should_wait_for_prefix`` then ``admit``, ``grow`` before the step, ``after_step`` after it,
-``take_updates`` once a step, ``ship_tables`` for a new request), on V4-Flash geometry with an arena
-sized to hold every request. Like the scheduler, it keeps a request waiting while a running request
+(``admit_unless_waiting``: the wait for a prefix being computed, then ``admit``, with one prefix
+match for both; ``grow`` before the step, ``after_step`` after it, ``take_updates`` once a step,
+``ship_tables`` for a new request), on V4-Flash geometry with an arena sized to hold every request. Like the scheduler, it keeps a request waiting while a running request
 computes the next block of its prompt (it then hits that block a step later instead of computing
 it again).
 
@@ -60,9 +60,9 @@ class AtomReplay:
 
     def admit(self, i: int, max_new: int) -> tuple[int, int] | None:
         s = self.seqs[i]
-        if self.bm.should_wait_for_prefix(s):
+        n = self.bm.admit_unless_waiting(s, max_new)
+        if n is None:
             return None
-        n = self.bm.admit(s, max_new)
         assert n > 0, "the arena was sized to hold every request"
         self.bm.ship_tables(s.seq_id)
         return s.num_computed_tokens, n

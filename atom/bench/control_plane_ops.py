@@ -7,7 +7,7 @@ fp8 rows; the control plane allocates no tensors) and times the block manager al
 - ``admit``: :meth:`BlockManager.admit` of a request (prefix match, claim, pages for its first chunk
   of up to 8,192 tokens). Block hashes are computed when the request arrives, outside the timing.
 - ``prefill``: one further 8,192-token chunk (``grow`` + ``after_step``), long prompts only.
-- ``decode``: one decode step of one request (``grow`` + ``after_step``), per request.
+- ``decode``: one decode step of one request (``grow`` + ``after_step``), per request (see below).
 - ``free``: :meth:`BlockManager.free` of a request at its full context.
 - ``room``: once every request is freed (the whole arena cached),
   :meth:`BlockPool.kept_after_eviction` of the compressed pool: what the exact "can eviction make
@@ -16,7 +16,12 @@ fp8 rows; the control plane allocates no tensors) and times the block manager al
   (``RECLAIMS`` calls, fewer when the pool owns fewer chunks): how a chunk is taken back from the
   cache to be lent to the other owner.
 
-Figures are medians over every call of the run, in this process's CPU time.
+Figures are medians over every call of the run, in this process's CPU time; a decode step is timed
+for all requests at once (one clock reading at each end, divided by the number of requests: a
+reading costs about as much as one request's decode, and that cost moves with the machine's load),
+and ``decode`` is the median over the steps. The collector is frozen while the calls are timed
+(:func:`frozen_gc`): the requests built for the run are not walked again mid-way, so a collection
+of the whole heap lands in no timed call.
 
 Workloads: ``decode-heavy`` (256 x 4K), ``long-context`` (32 x 128K), ``shared-prefix`` (64 chats of a
 shared 4K system prompt + 512 own tokens; the first request publishes the prefix, the rest hit it).
@@ -24,9 +29,12 @@ shared 4K system prompt + 512 own tokens; the first request publishes the prefix
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 from atom.config import CacheConfig, SchedulerConfig
 from atom.kv.block_manager import BlockManager
@@ -35,7 +43,7 @@ from atom.model_engine.sequence import Sequence
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams
 
-__all__ = ["Workload", "WORKLOADS", "measure_ops"]
+__all__ = ["Workload", "WORKLOADS", "frozen_gc", "measure_ops"]
 
 CHUNK = 8192
 RECLAIMS = 16
@@ -70,6 +78,18 @@ def _block_manager(w: Workload, block_size: int, decode_steps: int) -> BlockMana
     return BlockManager(KvLayout.for_chunks(spec, chunks, limits, cache), cache)
 
 
+@contextmanager
+def frozen_gc() -> Iterator[None]:
+    """Collect garbage, then freeze every object alive (the collector no longer walks them) for the
+    body; unfreeze after. Objects the body creates are collected as usual."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str, float]:
     """Median microseconds per call of each operation (``prefill`` is NaN for prompts of one chunk).
 
@@ -80,8 +100,18 @@ def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str
     seqs = [Sequence(_prompt(w, i), SamplingParams(max_tokens=decode_steps + 1), b) for i in range(w.num_seqs)]
     for s in seqs:
         s.hashes_upto((len(s) - 1) // b)
+    with frozen_gc():
+        t = _timed_ops(bm, seqs, decode_steps)
+    bm.check_integrity([])
+    return {k: statistics.median(v) / 1e3 if v else float("nan") for k, v in t.items()}
+
+
+def _timed_ops(bm: BlockManager, seqs: list[Sequence], decode_steps: int) -> dict[str, list[float]]:
+    """Run every request through admission, its prompt and ``decode_steps`` decode steps, free them
+    all, then query and reclaim the cache: CPU nanoseconds per timed call (per request for a decode
+    step, which is timed for all requests at once)."""
     t: dict[str, list[float]] = {"admit": [], "prefill": [], "decode": [], "free": [], "room": [], "reclaim": []}
-    clock = time.process_time  # CPU time: other processes on a shared machine do not inflate it
+    clock = time.process_time_ns  # CPU time: other processes on a shared machine do not inflate it
     for s in seqs:
         t0 = clock()
         n = bm.admit(s, CHUNK)
@@ -98,13 +128,13 @@ def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str
             if n == CHUNK:
                 t["prefill"].append(clock() - t0)
     for step in range(decode_steps):
+        t0 = clock()
         for s in seqs:
-            t0 = clock()
             bm.grow(s, 1)
             s.num_computed_tokens += 1
             s.append_token(step + 1)
             bm.after_step(s)
-            t["decode"].append(clock() - t0)
+        t["decode"].append((clock() - t0) / len(seqs))
     for s in seqs:
         t0 = clock()
         bm.free(s)
@@ -118,5 +148,4 @@ def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str
         reclaimed = pool.reclaim_chunk()
         t["reclaim"].append(clock() - t0)
         assert reclaimed, "every used page is cached once all requests are freed"
-    bm.check_integrity([])
-    return {k: statistics.median(v) * 1e6 if v else float("nan") for k, v in t.items()}
+    return t

@@ -171,8 +171,19 @@ class BlockManager:
         only by releasing retention pins is shortened to the longest that fits within them
         (:mod:`pin_guard`), if any.
         """
-        assert seq.seq_id not in self.holdings, f"request {seq.seq_id} admitted twice"
+        return self._admit(seq, max_new, *self._match(seq))
+
+    def admit_unless_waiting(self, seq: KvRequest, max_new: int) -> int | None:
+        """:meth:`should_wait_for_prefix`, then (None when it waits) :meth:`admit`, matching the
+        prompt against the cache once for both (what a scheduler asks of a waiting request)."""
         match, chain = self._match(seq)
+        if self._frontier and self._waits_for(seq, match):
+            return None
+        return self._admit(seq, max_new, match, chain)
+
+    def _admit(self, seq: KvRequest, max_new: int, match: PrefixMatch, chain: list[int]) -> int:
+        """:meth:`admit` with ``seq``'s prefix match (:meth:`_match`) already taken."""
+        assert seq.seq_id not in self.holdings, f"request {seq.seq_id} admitted twice"
         start, blocks = match.blocks * self.block_size, match.blocks
         num_new = min(len(seq) - start, max_new)
         window = range(max(0, blocks - self.swa.tail_blocks), blocks)
@@ -291,10 +302,12 @@ class BlockManager:
         the cache holds is being computed by a running request: it then waits until that request
         publishes it and hits, instead of computing it again (bounded by that request's prefill).
         The running request keeps its SWA window at the end of the shared run cached for it."""
-        if not self._frontier:
-            return False
+        return bool(self._frontier) and self._waits_for(seq, self._match(seq)[0])
+
+    def _waits_for(self, seq: KvRequest, match: PrefixMatch) -> bool:
+        """:meth:`should_wait_for_prefix` given ``seq``'s prefix match."""
         limit = (len(seq) - 1) // self.block_size
-        k = self._match(seq)[0].compressed
+        k = match.compressed
         hashes = seq.hashes_upto(limit)
         producer, theirs = self._frontier.get(hashes[k], (None, [])) if k < limit else (None, [])
         if producer is None:

@@ -305,10 +305,10 @@ class Scheduler:
             seq = self.waiting[i]
             if seq.seq_id in self._preempted_now or self._solo not in (None, seq.seq_id):
                 break
-            if self._solo is None and self.bm.should_wait_for_prefix(seq):
+            n = self.bm.admit_unless_waiting(seq, budget) if self._solo is None else self.bm.admit(seq, budget)
+            if n is None:
                 i += 1  # its prefix is being computed by a running request: admit it once published
                 continue
-            n = self.bm.admit(seq, budget)
             if n == 0 and not self.running:
                 n = self.bm.admit(seq, 1)
                 if n == 0:
