@@ -2,8 +2,10 @@
 
 Contract: ``logits [T, E]`` fp32 (``x @ gate.weight.T``), ``bias [E]`` fp32 or None, ``hash_idx [T, k]`` (int32 /
 int64, the token's fixed experts on hash-routed layers) or None, ``topk`` ``k``, ``score_func`` (``softmax``,
-``sigmoid`` or ``sqrtsoftplus``), ``route_scale`` -> ``(weights [T, k]`` fp32, ``idx [T, k]`` int64), the
-reference ``Gate``'s rule:
+``sigmoid`` or ``sqrtsoftplus``), ``route_scale``, and ``token_ids [T]`` (int32 / int64) or None -> ``(weights
+[T, k]`` fp32, ``idx [T, k]`` int64), the reference ``Gate``'s rule. With ``token_ids``, ``hash_idx`` is the layer's
+whole table ``[V, k]`` (``Gate.tid2eid``) and token ``t``'s picks are its row ``token_ids[t]``: the kernel gathers
+them itself, so a hash-routed layer launches no separate index op.
 
 * ``scores = softmax(logits)`` / ``sigmoid(logits)`` / ``sqrt(softplus(logits))`` (softplus is ``x`` above 20);
 * ``idx``: ``hash_idx`` when given, else the ``k`` largest ``scores + bias`` in descending order, ties to the lower
@@ -22,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import HAS_TRITON, next_pow2, require_triton, triton, tl
+from ._common import HAS_TRITON, check_range, next_pow2, require_triton, triton, tl
 from .store_rounding import elements_per_program
 
 __all__ = ["moe_route", "moe_route_ref", "SCORE_FUNCS"]
@@ -31,7 +33,7 @@ SCORE_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
 
 
 def _check(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.Tensor | None, topk: int,
-           score_func: str, route_scale: float) -> None:
+           score_func: str, route_scale: float, token_ids: torch.Tensor | None = None) -> None:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be an fp32 [T, E] tensor, got {getattr(logits, 'dtype', type(logits).__name__)} "
                          f"{tuple(getattr(logits, 'shape', ()))}")
@@ -40,8 +42,18 @@ def _check(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.Tens
         raise ValueError(f"topk must be an int in 1..{e} (the expert count), got {topk!r}")
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (e,) or bias.dtype != torch.float32):
         raise ValueError(f"bias must be None or an fp32 [{e}] tensor, got {tuple(getattr(bias, 'shape', ()))}")
-    if hash_idx is not None and (not isinstance(hash_idx, torch.Tensor) or hash_idx.shape != (t, topk)
-                                 or hash_idx.dtype not in (torch.int32, torch.int64)):
+    if token_ids is not None:
+        if hash_idx is None or not isinstance(token_ids, torch.Tensor) or token_ids.shape != (t,) \
+                or token_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"token_ids must be an int32/int64 [{t}] tensor given with a hash table, got "
+                             f"{tuple(getattr(token_ids, 'shape', ()))} (hash table given: {hash_idx is not None})")
+        if not isinstance(hash_idx, torch.Tensor) or hash_idx.dim() != 2 or hash_idx.shape[1] != topk \
+                or hash_idx.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"hash_idx with token_ids must be an int32/int64 table [V, {topk}], got "
+                             f"{tuple(getattr(hash_idx, 'shape', ()))}")
+        check_range("token_ids", token_ids, 0, hash_idx.shape[0], "the hash table's rows")
+    elif hash_idx is not None and (not isinstance(hash_idx, torch.Tensor) or hash_idx.shape != (t, topk)
+                                   or hash_idx.dtype not in (torch.int32, torch.int64)):
         raise ValueError(f"hash_idx must be None or an int32/int64 [{t}, {topk}] tensor, got "
                          f"{tuple(getattr(hash_idx, 'shape', ()))}")
     if score_func not in SCORE_FUNCS:
@@ -51,9 +63,12 @@ def _check(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.Tens
 
 
 def moe_route_ref(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.Tensor | None, topk: int,
-                  score_func: str, route_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  score_func: str, route_scale: float, token_ids: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch reference of :func:`moe_route` (same contract): the reference ``Gate``'s arithmetic."""
-    _check(logits, bias, hash_idx, topk, score_func, route_scale)
+    _check(logits, bias, hash_idx, topk, score_func, route_scale, token_ids)
+    if token_ids is not None:
+        hash_idx = hash_idx[token_ids]
     if score_func == "softmax":
         scores = logits.softmax(dim=-1)
     elif score_func == "sigmoid":
@@ -74,12 +89,15 @@ def moe_route_ref(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: tor
 if HAS_TRITON:
 
     @triton.jit
-    def _moe_route_kernel(logit_ptr, bias_ptr, hash_ptr, w_ptr, idx_ptr, tokens, n_experts, route_scale,
+    def _moe_route_kernel(logit_ptr, bias_ptr, hash_ptr, tid_ptr, w_ptr, idx_ptr, tokens, n_experts, route_scale,
                           K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
-                          FUNC: tl.constexpr, HAS_BIAS: tl.constexpr, HASHED: tl.constexpr):
+                          FUNC: tl.constexpr, HAS_BIAS: tl.constexpr, HASHED: tl.constexpr, GATHER: tl.constexpr):
         t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         e = tl.arange(0, E_PAD)
         tok = t < tokens
+        hash_row = t
+        if GATHER:  # the hash table's row of each token's id
+            hash_row = tl.load(tid_ptr + t, mask=tok, other=0).to(tl.int64)
         live = (e < n_experts)[None, :]
         x = tl.load(logit_ptr + t[:, None] * n_experts + e[None, :], mask=tok[:, None] & live, other=0.0)
         x = tl.where(live, x, float("-inf"))
@@ -101,7 +119,7 @@ if HAS_TRITON:
         ids = tl.zeros((BLOCK_T, K_PAD), tl.int64)
         for i in tl.static_range(K):
             if HASHED:
-                j = tl.load(hash_ptr + t * K + i, mask=tok, other=0).to(tl.int32)
+                j = tl.load(hash_ptr + hash_row * K + i, mask=tok, other=0).to(tl.int32)
             else:
                 best = tl.max(biased, axis=1)
                 j = tl.min(tl.where(biased == best[:, None], e[None, :], E_PAD), axis=1)
@@ -117,13 +135,14 @@ if HAS_TRITON:
 
 
 def moe_route(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.Tensor | None, topk: int,
-              score_func: str, route_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+              score_func: str, route_scale: float, token_ids: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """The routing weights and experts of every token (see the module docstring); one launch."""
-    _check(logits, bias, hash_idx, topk, score_func, route_scale)
+    _check(logits, bias, hash_idx, topk, score_func, route_scale, token_ids)
     require_triton("moe_route")
-    devices = {logits.device} | {a.device for a in (bias, hash_idx) if a is not None}
+    devices = {logits.device} | {a.device for a in (bias, hash_idx, token_ids) if a is not None}
     if len(devices) != 1:
-        raise ValueError("logits, bias and hash_idx must share a device")
+        raise ValueError("logits, bias, hash_idx and token_ids must share a device")
     t, e = logits.shape
     lg = logits.contiguous()
     w = torch.empty(t, topk, dtype=torch.float32, device=lg.device)
@@ -132,7 +151,8 @@ def moe_route(logits: torch.Tensor, bias: torch.Tensor | None, hash_idx: torch.T
         e_pad = next_pow2(e)
         block_t = max(1, min(next_pow2(t), elements_per_program(lg.device) // (4 * e_pad)))
         _moe_route_kernel[(triton.cdiv(t, block_t),)](
-            lg, lg if bias is None else bias.contiguous(), lg if hash_idx is None else hash_idx.contiguous(), w, idx, t,
-            e, route_scale, K=topk, K_PAD=next_pow2(topk), E_PAD=e_pad, BLOCK_T=block_t,
-            FUNC=SCORE_FUNCS.index(score_func), HAS_BIAS=bias is not None, HASHED=hash_idx is not None)
+            lg, lg if bias is None else bias.contiguous(), lg if hash_idx is None else hash_idx.contiguous(),
+            lg if token_ids is None else token_ids.contiguous(), w, idx, t, e, route_scale, K=topk,
+            K_PAD=next_pow2(topk), E_PAD=e_pad, BLOCK_T=block_t, FUNC=SCORE_FUNCS.index(score_func),
+            HAS_BIAS=bias is not None, HASHED=hash_idx is not None, GATHER=token_ids is not None)
     return w, idx

@@ -30,6 +30,19 @@ def test_the_kernel_picks_the_reference_experts_with_its_weights(tokens, experts
     torch.testing.assert_close(w, w_ref, rtol=2e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
+def test_with_token_ids_the_kernel_gathers_each_tokens_row_of_the_hash_table(ids_dtype, gen):
+    table = torch.stack([torch.randperm(16, generator=gen)[:3] for _ in range(50)])  # [V=50, k=3]
+    ids = torch.randint(0, 50, (7,), generator=gen).to(ids_dtype)
+    logits = torch.randn(7, 16, generator=gen) * 3
+    w_ref, idx_ref = moe_route_ref(logits, None, table, 3, "sqrtsoftplus", 1.5, token_ids=ids)
+    want_w, want_idx = moe_route_ref(logits, None, table[ids.long()], 3, "sqrtsoftplus", 1.5)
+    assert torch.equal(idx_ref, want_idx) and torch.equal(w_ref, want_w)
+    w, idx = moe_route(logits, None, table, 3, "sqrtsoftplus", 1.5, token_ids=ids)
+    assert torch.equal(idx, want_idx)
+    torch.testing.assert_close(w, want_w, rtol=2e-6, atol=1e-7)
+
+
 def test_ties_go_to_the_lower_expert():
     logits = torch.tensor([[1.0, 2.0, 2.0, 0.5, 2.0]])
     _, idx = moe_route(logits, None, None, 3, "sigmoid", 1.0)
@@ -60,3 +73,11 @@ def test_bad_arguments_are_refused_with_what_is_accepted():
         moe_route(torch.zeros(2, 8), None, None, 2, "relu", 1.0)
     with pytest.raises(ValueError, match="topk must be an int in 1..8"):
         moe_route(torch.zeros(2, 8), None, None, 9, "sigmoid", 1.0)
+    table = torch.zeros(10, 2, dtype=torch.int64)
+    outside = r"token_ids holds values in \[3, 10\], outside the valid range \[0, 10\) \(the hash table.s rows\)"
+    with pytest.raises(ValueError, match=outside):
+        moe_route(torch.zeros(2, 8), None, table, 2, "sigmoid", 1.0, token_ids=torch.tensor([3, 10]))
+    with pytest.raises(ValueError, match="token_ids must be an int32/int64 \\[2\\] tensor given with a hash table"):
+        moe_route(torch.zeros(2, 8), None, None, 2, "sigmoid", 1.0, token_ids=torch.tensor([3, 1]))
+    with pytest.raises(ValueError, match="hash_idx with token_ids must be an int32/int64 table \\[V, 2\\]"):
+        moe_route(torch.zeros(2, 8), None, table[:, :1], 2, "sigmoid", 1.0, token_ids=torch.tensor([3, 1]))

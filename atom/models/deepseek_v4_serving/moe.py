@@ -231,11 +231,13 @@ class ServingMoE(MoEWeights):
 
     def route(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The gate's ``(weights [T, k], idx [T, k])``; on a GPU backend the router GEMM then one ``moe_route``
-        launch (scores, top-k or hash picks, normalised weights) instead of the reference's chain of ops."""
+        launch (scores, top-k or the hash table's picks for the token ids, normalised weights) instead of the
+        reference's chain of ops."""
         g = self.gate
         if self._route is None:
             return g(x, token_ids)
         logits = F.linear(x.float(), g.weight.float())
-        hashed = g.tid2eid[token_ids] if g.hash else None
-        bias = None if g.hash else g.bias.float()
-        return self._route(logits, bias, hashed, g.topk, g.cfg.score_func, float(g.cfg.route_scale))
+        if g.hash:  # the kernel gathers each token's row of the table itself
+            return self._route(logits, None, g.tid2eid, g.topk, g.cfg.score_func, float(g.cfg.route_scale),
+                               token_ids=token_ids)
+        return self._route(logits, g.bias.float(), None, g.topk, g.cfg.score_func, float(g.cfg.route_scale))
