@@ -5,20 +5,24 @@
                                        [--peer vllm]
 
 First a per-operation table (admit, 8K prefill chunk, decode, free, and with the whole arena cached
-the eviction room check and a chunk reclaim; median microseconds per call)
+the eviction room check and a chunk reclaim; median microseconds per call in a run)
 for the workloads of :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
 Every configuration runs ``--reps`` times (default 5), round-robin: the first run of every configuration
 of a table, then the second, and so on, so that a burst of load from other processes lands in one
 run of several configurations instead of every run of one. Garbage is collected before each run and
 the collector is frozen while it is timed (objects built for the run are not walked again; see
-:func:`atom.bench.control_plane_ops.frozen_gc`). A table figure is the median over the runs and each
-row's ``spread`` is the largest (max - min) / median of its figures.
+:func:`atom.bench.control_plane_ops.frozen_gc`). A table figure is the lowest of its runs' figures:
+other processes only ever add CPU time to a run (they share the cores' caches and execution units),
+so the least disturbed run is the closest to the code's own cost (on the shared development machine
+the lowest of five runs moved less between invocations than their median did: docs/benchmarks.md). Each row's
+``spread`` is the largest (max - min) / min of its figures over the runs: what the runs disagreed by.
 
 Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
 allocates no tensors), a fake runner, all driven by :class:`LLMEngine`. Each configuration first
 prefills its requests to the given context, then times ``LLMEngine.step`` (schedule, postprocess and
-the engine's per-request outputs) over ``--steps`` decode steps (the median step), less the fake runner's own time. Times are this process's CPU time (``time.process_time``), so the load other
-processes put on a shared machine does not inflate them.
+the engine's per-request outputs) over ``--steps`` decode steps (the median step), less the fake
+runner's own time. Times are this process's CPU time (``time.process_time``): the time other
+processes run is not counted, though sharing the cores with them still slows this one's own work.
 The last line is ``step_us_per_seq_256=<float> growth_4k_to_128k=<float>``:
 microseconds per step per sequence with 256 sequences at the largest context, and the ratio of the
 per-step time at the largest context to the smallest one with 256 sequences (target <= 1.2). The line
@@ -117,14 +121,15 @@ def _round_robin(runs: Seq[Callable[[], T]], reps: int) -> list[list[T]]:
     return out
 
 
-def _median_spread(values: list[float]) -> tuple[float, float]:
-    """The median of ``values`` and their spread, (max - min) / median (0 for a single value)."""
-    mid = statistics.median(values)
-    return mid, (max(values) - min(values)) / mid if mid else 0.0
+def _low_spread(values: list[float]) -> tuple[float, float]:
+    """The lowest of ``values`` (the runs of one configuration) and their spread, (max - min) / min
+    (0 for a single value)."""
+    low = min(values)
+    return low, (max(values) - low) / low if low else 0.0
 
 
 def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
-    """Print the per-operation table (each figure the median over ``reps`` runs, taken round-robin over
+    """Print the per-operation table (each figure the lowest of ``reps`` runs, taken round-robin over
     the rows; the last column the largest spread of the row's figures over those runs); return the
     ``ops_b128 ...`` line (printed later, second to last)."""
     rows = [(w, block) for block in block_sizes for w in WORKLOADS]
@@ -133,7 +138,7 @@ def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
     print("|---|---|---|---|---|---|---|---|---|")
     ops = {}
     for (w, block), runs in zip(rows, results):
-        figs = {k: _median_spread([r[k] for r in runs]) for k in runs[0]}
+        figs = {k: _low_spread([r[k] for r in runs]) for k in runs[0]}
         us = ops[(w.name, block)] = {k: mid for k, (mid, _) in figs.items()}
         spread = max((sp for mid, sp in figs.values() if not math.isnan(mid)), default=0.0)
         print(f"| {w.name} ({w.num_seqs} x {w.context / 1024:g}K) | {block} | {us['admit']:.1f} | "
@@ -145,15 +150,15 @@ def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
 
 
 def step_table(seqs: Seq[int], contexts: Seq[int], steps: int, reps: int) -> dict[tuple[int, int], float]:
-    """Print the decode-step table (each figure the median over ``reps`` runs, taken round-robin over
-    the rows); return (running seqs, context) -> median microseconds per step."""
+    """Print the decode-step table (each figure the lowest of ``reps`` runs' median steps, taken
+    round-robin over the rows); return (running seqs, context) -> that figure in microseconds."""
     rows = [(n, ctx) for n in seqs for ctx in contexts]
     results = _round_robin([lambda n=n, ctx=ctx: time_decode(n, ctx, steps) for n, ctx in rows], reps)
     print("| running seqs | context | us per step | us per step per seq | spread |")
     print("|---|---|---|---|---|")
     out = {}
     for (n, ctx), runs in zip(rows, results):
-        us, spread = _median_spread(runs)
+        us, spread = _low_spread(runs)
         out[(n, ctx)] = us
         print(f"| {n} | {ctx} | {us:.1f} | {us / n:.2f} | {spread:.0%} |", flush=True)
     return out
@@ -168,7 +173,8 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--decode-steps", type=int, default=32, help="decode steps per request in the ops table")
     ap.add_argument("--peer", choices=["vllm"], help="replay the same traces on vLLM's KVCacheManager too")
     ap.add_argument("--reps", type=int, default=5,
-                    help="runs of each configuration (with --peer: of each manager per trace); medians are printed")
+                    help="runs of each configuration (with --peer: of each manager per trace); the tables give "
+                         "the lowest run (atom alone) or the median run (--peer)")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be positive")
