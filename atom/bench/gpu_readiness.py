@@ -21,7 +21,9 @@ logit_bias, logprobs), and both ranks of a 2-rank tensor-parallel group (Flash s
 :func:`atom.parallel.sharding.shard_model`, ``moe_inter_dim`` 64 so each rank holds whole MXFP4 groups of
 32 inputs) decoding at batch 8: two spawned processes joined by a gloo group, whose collectives on fake
 tensors are shape-only (no data moves, nothing is counted); each rank runs the same engine steps (fake
-reads give both the same tokens) and counts its own. ``--stacks N`` prints the N most frequent code sites
+reads give both the same tokens) and counts its own; and both replicas of a 2-replica data-parallel group
+decoding at batch 8 with the experts partitioned over them (:mod:`atom.bench.gpu_readiness_dp`: the MoE rows
+exchanged through the fixed-capacity exchange). ``--stacks N`` prints the N most frequent code sites
 of each counted kind.
 
 The last line is ``h2d=<int> syncs=<int> data_dependent=<int> graph_equal=<0|1>
@@ -80,7 +82,8 @@ class Case:
     """One measured step: ``model`` (flash / pro), the ``prompts`` lengths admitted first, how many steps run
     before the measured one (``warm``), the sampling parameters (cycled over requests), the token budget
     and the number of MTP drafts; ``tp`` > 1: every rank of a tensor-parallel group of that size runs it
-    (:func:`run_tp_case`)."""
+    (:func:`run_tp_case`), or with ``dp`` every rank of that many data-parallel attention replicas of one
+    rank, exchanging MoE rows (:mod:`atom.bench.gpu_readiness_dp`)."""
 
     name: str
     model: str
@@ -90,6 +93,7 @@ class Case:
     budget: int = 0
     drafts: int = 0
     tp: int = 1
+    dp: bool = False
 
 
 CASES = (
@@ -104,6 +108,7 @@ CASES = (
     Case("pro decode b8", "pro", (40,) * 8, 1),
     Case("pro decode b64", "pro", (40,) * 64, 1),
     Case("flash tp2 decode b8", "flash", (40,) * 8, 1, tp=2),
+    Case("flash dp2 decode b8", "flash", (40,) * 8, 1, budget=8 * 40, tp=2, dp=True),
 )
 TP_TIMEOUT_S = 3600  # a rank's whole run (start-up, model, the first forward stacking every expert, steps)
 
@@ -187,10 +192,13 @@ def _tp_rank(rank: int, case: Case, init_method: str, results: "multiprocessing.
 
 def run_tp_case(case: Case) -> list[DeviceAccessCounter]:
     """Every rank's count of ``case`` (rank order): ``case.tp`` spawned processes in one gloo group."""
+    from atom.bench.gpu_readiness_dp import dp_rank
+
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_tp_rank, args=(r, case, f"file://{tmp}/rendezvous", results), daemon=True)
+        target = dp_rank if case.dp else _tp_rank
+        procs = [ctx.Process(target=target, args=(r, case, f"file://{tmp}/rendezvous", results), daemon=True)
                  for r in range(case.tp)]
         for p in procs:
             p.start()
@@ -231,8 +239,8 @@ def graph_checks() -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="", help="comma-separated case names (default: every single-process "
-                        "case; the tensor-parallel case runs only when named: two spawned ranks, about 10 minutes on a "
-                        "loaded 2-core CPU machine)")
+                        "case; the tensor- and data-parallel cases run only when named: two spawned ranks, 10-15 "
+                        "minutes each on a loaded 2-core CPU machine)")
     parser.add_argument("--stacks", type=int, default=3, help="code sites printed per counted kind")
     args = parser.parse_args(argv)
     names = args.cases.split(",")

@@ -16,6 +16,14 @@ are applied first) runs a **padding step**: every layer's MoE exchange with :dat
 (token id 0), no attention, no KV page touched, nothing sampled (:meth:`ModelRunner.pad_step`).
 :attr:`DataParallelRunner.padding_steps` counts those replica-steps and
 :attr:`DataParallelRunner.padding_tokens` their rows (one per padding replica-step).
+
+Exchange mode: every rank picks the same one from the broadcast list (:func:`step_capacity`). A step in
+which every replica decodes (each sequence one committed token, plus its drafts) or pads runs the
+fixed-capacity exchange (:mod:`atom.parallel.expert_exchange`: no host read, buffers of the largest
+decode step, :func:`exchange_capacity`), the precondition for recording a replica's decode step in a CUDA
+graph; a step in which any replica runs a prefill chunk runs the counted exchange, which moves only the
+rows needed (a chunk's padded buffers would cost ``world``-fold bandwidth) and reads the counts back once
+per layer.
 """
 
 from __future__ import annotations
@@ -27,13 +35,14 @@ from typing import Sequence, TextIO
 from atom.config import ParallelConfig
 from atom.model_executor.model_runner import ModelRunner
 from atom.parallel.executor import RankZeroRunner, start_ranks
+from atom.parallel.expert_exchange import decode_capacity, set_exchange_capacity
 from atom.parallel.process_group import RankGroup
 from atom.parallel.sharding import ParameterBytes
 from atom.parallel.worker import RankSpec, build_rank_runner
 from atom.step_contract import RunnerOutput, ScheduledBatch
 
 __all__ = ["DataParallelRunner", "start_data_parallel_runner", "serve_replica_steps", "replica_step",
-           "PADDING_ROWS"]
+           "PADDING_ROWS", "exchange_capacity", "step_capacity"]
 
 #: Rows a padding replica-step sends through each MoE layer's exchange.
 PADDING_ROWS = 1
@@ -41,9 +50,33 @@ PADDING_ROWS = 1
 _MIB = 1 << 20
 
 
-def replica_step(runner: ModelRunner, batch: ScheduledBatch | None) -> RunnerOutput | None:
+def exchange_capacity(runner: ModelRunner, replica_size: int) -> int:
+    """Slots per peer of the fixed-capacity exchange on ``runner``'s group: the rows one rank dispatches in
+    the largest decode step (every live request, each with its drafts), the same on every rank (the layout
+    is). At least :data:`PADDING_ROWS`."""
+    drafts = 0 if runner.mtp is None else runner.mtp.num_tokens
+    rows = runner.views.layout.max_live_requests * (1 + drafts)
+    return max(decode_capacity(rows, replica_size), PADDING_ROWS)
+
+
+def step_capacity(batches: Sequence[ScheduledBatch | None], capacity: int, replica_size: int) -> int:
+    """The exchange capacity of the step running ``batches`` (one per replica): ``capacity`` when every
+    replica pads or decodes (each sequence one committed token, sampled) within it, else 0 (the counted
+    exchange). A function of the broadcast list only, so every rank chooses alike."""
+    for batch in batches:
+        if is_padding(batch):
+            continue
+        decode = all(s.num_committed == 1 and s.sample for s in batch.seqs)
+        if not decode or decode_capacity(batch.num_tokens, replica_size) > capacity:
+            return 0
+    return capacity
+
+
+def replica_step(runner: ModelRunner, batch: ScheduledBatch | None, capacity: int = 0) -> RunnerOutput | None:
     """This rank's part of a step: ``batch`` (its replica's), or a padding step when it has no sequence
-    (its releases and table deltas still land first). None when ``batch`` is None."""
+    (its releases and table deltas still land first). None when ``batch`` is None. ``capacity``: the step's
+    exchange capacity (:func:`step_capacity`; 0: counted)."""
+    set_exchange_capacity(runner.model, capacity)
     if batch is not None and batch.seqs:
         return runner.execute(batch)
     out = None if batch is None else runner.execute(batch)  # no sequence: tables and releases only
@@ -66,6 +99,10 @@ class DataParallelRunner(RankZeroRunner):
         self.replicas = parallel.data_parallel_size
         self.padding_steps = 0
         self.padding_tokens = 0
+        #: fixed-capacity exchange slots for decode steps (:func:`exchange_capacity`); 0: always counted
+        self.capacity = exchange_capacity(local, parallel.tensor_parallel_size)
+        #: steps that ran the fixed-capacity exchange
+        self.fixed_steps = 0
 
     def execute_all(self, batches: Sequence[ScheduledBatch | None]) -> list[RunnerOutput | None]:
         """``batches[d]`` is replica ``d``'s step (None: nothing to run; it runs a padding step and its output
@@ -75,7 +112,9 @@ class DataParallelRunner(RankZeroRunner):
         assert not self._closed, "the runner was closed"
         batches = self._checked(batches)
         self.group.broadcast(batches)
-        own = replica_step(self.local, batches[0])
+        capacity = step_capacity(batches, self.capacity, self.parallel.tensor_parallel_size)
+        self.fixed_steps += capacity > 0
+        own = replica_step(self.local, batches[0], capacity)
         outs = self.group.gather(own)
         for batch in batches:
             if is_padding(batch):
@@ -102,11 +141,12 @@ def serve_replica_steps(group: RankGroup, runner: ModelRunner, parallel: Paralle
     it has none), the replica's first rank sending its output back, until rank 0 broadcasts ``None``."""
     replica = parallel.replica_of(group.rank)
     leader = group.rank % parallel.tensor_parallel_size == 0
+    capacity = exchange_capacity(runner, parallel.tensor_parallel_size)
     while True:
         batches = group.broadcast(None)
         if batches is None:
             return
-        out = replica_step(runner, batches[replica])
+        out = replica_step(runner, batches[replica], step_capacity(batches, capacity, parallel.tensor_parallel_size))
         group.gather(_on_cpu(out) if leader else None)
 
 

@@ -1,6 +1,7 @@
 """Data-parallel attention over 2 gloo ranks (2 replicas of 1 rank; experts partitioned or split over
 both): each replica runs its own requests, and every step's logits equal one rank running those
-requests alone, within 1e-5 relative (chunked prefill and decode); a replica left idle runs padding
+requests alone, within 1e-5 relative (chunked prefill through the counted expert exchange, decode through
+the fixed-capacity one); a replica left idle runs padding
 steps (counted) while the other runs, in both directions, without a hang.
 (``test_dp_runner_layouts.py``: 4 ranks, quantized checkpoints.)
 
@@ -46,10 +47,12 @@ def test_two_replicas_running_different_batches_give_each_batch_its_single_rank_
     schedulers = [scheduler_for(engine_config(tiny_dir, par)) for _ in range(2)]
     for s, prompts, decode in zip(schedulers, PROMPTS, DECODE):
         add_requests(s, prompts, decode)
-    before, pads = runner.padding_steps, []
+    before, pads, fixed, decodes = runner.padding_steps, [], runner.fixed_steps, 0
 
     def counted(batches):
+        nonlocal decodes
         pads.append(sum(b is None or not b.seqs for b in batches))
+        decodes += all(b is None or all(len(s.token_ids) == 1 and s.sample for s in b.seqs) for b in batches)
         return runner.execute_all(batches)
 
     logs = lockstep(counted, schedulers)
@@ -60,6 +63,8 @@ def test_two_replicas_running_different_batches_give_each_batch_its_single_rank_
     assert sum(pads) >= 4  # replica 1 decodes 5 tokens more: replica 0 pads meanwhile
     assert runner.padding_steps - before == sum(pads) + 2  # and both replicas in the releasing step
     assert runner.padding_tokens == runner.padding_steps * PADDING_ROWS
+    # every step of decodes and padding ran the fixed-capacity exchange (no host read), prefill the counted one
+    assert decodes >= 5 and runner.fixed_steps - fixed == decodes + 1  # + the releasing step: both replicas pad
 
 
 @pytest.mark.parametrize("busy", [0, 1])
