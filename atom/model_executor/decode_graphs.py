@@ -17,15 +17,17 @@ Modes (``ModelRunner(graph_mode=...)``):
   rank captures and replays its own graphs (``atom.parallel.worker.build_rank_runner``), its
   collectives recorded in them.
 
-With speculative decoding the bucketed step is the MTP verify step (every request verifies the runner's
-``drafts`` drafts: ``1 + drafts`` tokens each, every row sampled); its sampling, the acceptance, the
+With speculative decoding the bucketed step is the MTP verify step (every request padded to the runner's
+``drafts`` drafts: ``1 + drafts`` rows each; a request with fewer drafts has its missing slots filled with
+padding tokens that write and read nothing, and only its real rows are sampled, so its acceptance stops at
+its last real draft); its sampling, the acceptance, the
 compressor-state commit of the accepted drafts and the MTP drafting run after it, eagerly, on its
 :class:`StepInputs` and final stream. The verify forward keeps per-layer projections for that commit
 (``DeepseekV4ForServing.pending_commits``); a graph's are the tensors its capture made, rewritten by every
 replay, and are handed back to the layers after each replay.
 
-Other steps (prefill chunks, steps that admit or resume a request, steps whose requests carry other draft
-counts, batches over the largest bucket) run eagerly in every mode. A graph is captured per (batch bucket,
+Other steps (prefill chunks, steps that admit or resume a request, batches over the largest bucket) run
+eagerly in every mode. A graph is captured per (batch bucket,
 context bucket): index widths follow the longest context in the step (:func:`~atom.model_ops.decode_buffers.context_bucket`), so a few widths
 are captured per batch bucket, each on first use. Capture runs on padding-only inputs, which write
 nothing into the arena (see :mod:`atom.model_ops.decode_buffers`), after two warm-up runs on a side
@@ -117,11 +119,10 @@ class DecodeSteps:
         size = self.buffers.bucket_for(batch)
         if size is None:
             return None
-        rows = len(batch.seqs) * self.buffers.per_seq
         if not self.capture:
             step = self.buffers.fill(batch, tables)
             logits, hidden = self.forward(step)
-            return DecodedStep(step, logits[:rows], hidden)
+            return DecodedStep(step, self._sampled(batch, logits), hidden)
         key = (size, self.buffers.context_for(batch))
         if key not in self.graphs:
             self.graphs[key] = self._capture(*key)
@@ -130,7 +131,16 @@ class DecodeSteps:
         captured.graph.replay()
         if self.restore is not None and captured.kept is not None:
             self.restore(captured.kept)
-        return DecodedStep(captured.step, captured.logits[:rows], captured.hidden)
+        return DecodedStep(captured.step, self._sampled(batch, captured.logits), captured.hidden)
+
+    def _sampled(self, batch: ScheduledBatch, logits: torch.Tensor) -> torch.Tensor:
+        """The logits of ``batch``'s real rows (every request's own, in order) among the bucket's: the first
+        rows, or, when a request's missing drafts were padded, the rows :attr:`DecodeBuffers.kept` lists
+        (a gather on the device, its index written with the step's inputs)."""
+        rows = sum(s.num_tokens for s in batch.seqs)
+        if not self.buffers.padded_drafts(batch):
+            return logits[:rows]
+        return logits.index_select(0, self.buffers.kept[:rows])
 
     def _capture(self, size: int, context: int) -> CapturedStep:
         """Warm up twice on padding-only inputs (each run on a fresh ``StepInputs``), then capture on a new

@@ -165,9 +165,9 @@ class ModelRunner:
     def _commit(self, batch: ScheduledBatch, step: StepInputs, accepted: dict[int, int]) -> None:
         """Advance every layer's compressor state over the accepted drafts of the step just run."""
         starts, lo = [], 0
-        for item in batch.seqs:  # row offsets from the batch itself: no read of step.cu_seqlens
+        for item, rows in zip(batch.seqs, step.lengths):  # row offsets from host lists: no read of step.cu_seqlens
             starts.append(lo + item.num_committed)
-            lo += item.num_tokens
+            lo += rows  # a bucketed verify step's request spans its padded draft slots too
         pad = len(step.lengths) - len(batch.seqs)  # a bucketed step's padding requests accept nothing
         sub = row_subset(starts + [lo] * pad, [accepted.get(item.seq_id, 0) for item in batch.seqs] + [0] * pad,
                          [item.start_pos + item.num_committed for item in batch.seqs] + [0] * pad, self.device)

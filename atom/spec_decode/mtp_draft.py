@@ -61,16 +61,18 @@ class MtpDrafter:
         """Write the MTP rows of the step and draft on the device: int64 ``[num_tokens, R]``, row ``d`` the
         ``d``-th draft of each of the ``R`` sampling requests (batch order). ``hidden [N, hc, dim]``: the
         main model's final stream of every row of the step (of a bucketed verify step: the real requests'
-        rows, then the padding's, which the MTP layer runs as padding too); ``tokens`` / ``accepted`` (int64
+        rows, each request's padded draft slots after its own, then the padding requests'; the MTP layer runs
+        every padding row as padding too); ``tokens`` / ``accepted`` (int64
         ``[R]``, on the device): each sampling request's sampled token and accepted draft count."""
         next_ids, firsts, lo = [], [], 0
-        for item in batch.seqs:
+        for item, rows in zip(batch.seqs, step.lengths):
             if not item.sample:
                 assert item.lookahead >= 0, f"request {item.seq_id}: no token follows its chunk"
             next_ids.extend(item.token_ids[1:] + (item.lookahead if not item.sample else 0,))
+            next_ids.extend([0] * (rows - item.num_tokens))  # a bucketed verify step's padded draft slots
             if item.sample:
                 firsts.append(lo + item.num_committed - 1)  # its last kept row, before accepted drafts
-            lo += item.num_tokens
+            lo += rows
         next_ids.extend([0] * (hidden.shape[0] - lo))  # a bucketed step's padding rows (nothing written)
         dev = hidden.device
         next_t, first_t = stage([next_ids, firsts], dev)  # one copy for the step's lists
