@@ -122,9 +122,9 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
                                         quantized="quantization_config" in model.cfg.extra)
         # the MTP layer's KV only when it drafts
         spec = model.cfg.kv_spec(row_format, include_mtp=num_spec > 0, block_size=config.cache.block_size)
-        # speculative steps run eagerly: the runner can replay verify steps from graphs, but the memory profile
-        # sizes the graph pool from a plain decode step, which has fewer rows than a verify step
-        mode = serving_graph_mode(model, enforce_eager=mc.enforce_eager or num_spec > 0, keep_logits=keep_logits,
+        # with speculative decoding the replayed step is the verify step (every request padded to num_spec
+        # drafts), which the memory profile runs at the largest bucket
+        mode = serving_graph_mode(model, enforce_eager=mc.enforce_eager, keep_logits=keep_logits,
                                   value_checks=value_checks)
         cache = _profiled_cache(model, spec, config, graphs=mode == "graph", kernel_backend=kernel_backend)
         layout = plan_kv_layout(spec, cache, config.scheduler)
@@ -149,13 +149,17 @@ def build_engine(config: EngineConfig, *, keep_logits: bool = False, kernel_back
 def _profiled_cache(model: DeepseekV4ForServing, spec: Any, config: EngineConfig, *, graphs: bool,
                     kernel_backend: str | None) -> CacheConfig:
     """``config.cache``, with ``kv_cache_bytes`` from the profiled GPU memory split when
-    ``--gpu-memory-utilization`` is set (the split printed to stderr)."""
+    ``--gpu-memory-utilization`` is set (the split printed to stderr). The profiling runner drafts as the
+    served one does; with ``graphs`` its decode step runs on the bucketed inputs (``padded``), the shapes
+    the graphs capture (with speculative decoding: the verify step, every request padded to its drafts)."""
     if config.cache.gpu_memory_utilization is None:
         return config.cache
     from atom.model_executor.memory_profile import gpu_memory_split
 
     def runner(m: DeepseekV4ForServing, layout: KvLayout, *, max_model_len: int) -> ModelRunner:
-        return ModelRunner(m, layout, max_model_len=max_model_len, kernel_backend=kernel_backend)
+        return ModelRunner(m, layout, max_model_len=max_model_len, kernel_backend=kernel_backend,
+                           speculative_num_tokens=config.scheduler.speculative_num_tokens,
+                           graph_mode="padded" if graphs else "eager")
 
     split = gpu_memory_split(model, spec, config.cache, config.scheduler, config.cache.gpu_memory_utilization,
                              graphs, runner)

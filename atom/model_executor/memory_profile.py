@@ -4,13 +4,19 @@ After the weights are loaded, a profiling run executes the largest step the sche
 token budget ``max_num_batched_tokens`` spread over ``max_num_seqs`` prompts, one prefill step) and then
 one decode step of all of them, on a small temporary arena, and measures the memory each allocates
 beyond what was allocated before it (``torch.cuda.max_memory_allocated`` after resetting the peak).
+With speculative decoding (``speculative_num_tokens`` K > 0) the profiling runner drafts with the MTP
+layer like the served one, and the decode step is the verify step of K drafts per request; when decode
+steps are replayed from graphs the profiling runner runs them on the bucketed inputs (``padded``), so
+the measured step has the shapes of the largest captured graph (the largest bucket, every request
+padded to ``1 + K`` rows).
 The arena then gets::
 
     kv = F * total - weights - step peak - graph pool
 
 where ``total`` is the device's memory, ``weights`` what the loaded model holds, ``step peak`` the larger
 of the two profiled peaks, and ``graph pool`` the decode step's peak when decode steps are replayed
-from CUDA graphs (their private pool holds that step's activations; 0 when steps run eagerly). Each
+from CUDA graphs (their private pool holds that step's activations; 0 when steps run eagerly; with
+speculative decoding the verify step's). Each
 term is printed at start-up (:meth:`MemorySplit.describe`). On the CPU there is no device memory to
 measure: the arena is sized by ``--kv-cache-memory`` there.
 """
@@ -30,6 +36,7 @@ from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import Sequence
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 from atom.sampling_params import SamplingParams
+from atom.spec_decode.draft_source import RunnerDrafts
 
 __all__ = ["MemorySplit", "profile_steps", "gpu_memory_split"]
 
@@ -63,10 +70,10 @@ class MemorySplit:
 
 
 def _profiling_prompts(limits: SchedulerConfig, vocab: int) -> list[list[int]]:
-    """``max_num_seqs`` prompts (at most ``max_model_len - 2`` tokens each, so two tokens can follow) whose
-    lengths add up to the token budget, or as close as the limits allow."""
+    """``max_num_seqs`` prompts (at most ``max_model_len - 2 - K`` tokens each, so two tokens and K drafts can
+    follow) whose lengths add up to the token budget, or as close as the limits allow."""
     seqs = min(limits.max_num_seqs, limits.max_num_batched_tokens)
-    per = max(1, min(limits.max_num_batched_tokens // seqs, limits.max_model_len - 2))
+    per = max(1, min(limits.max_num_batched_tokens // seqs, limits.max_model_len - 2 - limits.speculative_num_tokens))
     return [[1 + (i * 7 + j) % (vocab - 1) for j in range(per)] for i in range(seqs)]
 
 
@@ -76,15 +83,18 @@ def profile_steps(model: DeepseekV4ForServing, spec: Dsv4KvSpec, cache: CacheCon
     """``(tokens of the prefill step, its peak, the decode step's peak)``: runs the largest prefill step and
     one decode step of the same requests on a temporary arena; ``measure(fn)`` runs ``fn`` and returns
     the bytes it allocated at its peak; ``runner_factory(model, layout, max_model_len=...)`` builds the
-    runner (a :class:`ModelRunner`)."""
+    runner (a :class:`ModelRunner`, drafting ``limits.speculative_num_tokens`` drafts when that is > 0, as
+    ``spec``, which then counts the MTP layer, says)."""
+    k = limits.speculative_num_tokens
     prompts = _profiling_prompts(limits, model.cfg.vocab_size)
-    blocks = sum(-(-(len(p) + 2) // spec.block_size) for p in prompts)
+    blocks = sum(-(-(len(p) + 2 + k) // spec.block_size) for p in prompts)
     cache = dataclasses.replace(cache, enable_prefix_caching=False)
     layout = KvLayout.for_chunks(spec, 2 * (blocks + len(prompts)) + 8, limits, cache)
     runner = runner_factory(model, layout, max_model_len=limits.max_model_len)
-    sched = Scheduler(limits, BlockManager(layout, cache), eos_token_id=None)
-    for p in prompts:
-        sched.add(Sequence(p, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), spec.block_size))
+    sched = Scheduler(limits, BlockManager(layout, cache, mtp_rows=k > 0), eos_token_id=None,
+                      drafter=RunnerDrafts() if k else None)
+    for p in prompts:  # room for the K drafts of the verify step after the first sampled token
+        sched.add(Sequence(p, SamplingParams(max_tokens=2 + k, temperature=0.0, ignore_eos=True), spec.block_size))
     peaks, tokens = [], 0
     for _ in range(2):  # the prefill step, then the decode step
         batch = sched.schedule()

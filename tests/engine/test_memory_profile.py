@@ -11,6 +11,7 @@ from atom.engine_builder import build_engine
 from atom.entrypoints.args import add_serve_arguments, engine_config_from_args
 from atom.model_executor.memory_profile import MemorySplit, gpu_memory_split, profile_steps
 from atom.model_executor.model_runner import ModelRunner
+from atom.testing.graph_cases import mtp_model
 from support.decode_runs import thin_model
 
 GIB = 1 << 30
@@ -41,6 +42,29 @@ def test_the_profiling_run_executes_the_full_token_budget_then_a_decode_step_of_
     tokens, prefill_peak, decode_peak = profile_steps(model, model.cfg.kv_spec("fp32", include_mtp=False),
                                                       CacheConfig(), limits, measure, runner)
     assert (tokens, prefill_peak, decode_peak, len(calls)) == (96, 1000, 2000, 2)
+
+
+def test_with_speculative_decoding_the_profiled_decode_step_is_the_largest_verify_step_on_the_graph_inputs():
+    """The graph pool is sized from the step the graphs capture: the largest bucket of requests, each
+    verifying K drafts (``1 + K`` rows), run on the bucketed inputs as the profiling runner of a served
+    engine with graphs runs it."""
+    model = mtp_model()
+    limits = SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=4, max_model_len=64, speculative_num_tokens=2)
+    decoded = []
+
+    def runner(m, layout, *, max_model_len):
+        r = ModelRunner(m, layout, max_model_len=max_model_len, speculative_num_tokens=2, graph_mode="padded")
+        run = r.decode.run
+        r.decode.run = lambda batch, tables: decoded.append((batch, run(batch, tables))) or decoded[-1][1]
+        return r
+
+    tokens, _, _ = profile_steps(model, model.cfg.kv_spec("fp32", include_mtp=True), CacheConfig(), limits,
+                                 lambda fn: fn() or 0, runner)
+    verify = [(batch, out) for batch, out in decoded if out is not None]
+    assert tokens == 24 and len(verify) == 1
+    batch, out = verify[0]
+    assert [s.num_draft for s in batch.seqs] == [2, 2, 2, 2]
+    assert out.step.token_ids.shape == (12,) and out.hidden.shape[0] == 12  # bucket 4 x (1 + 2 drafts)
 
 
 def test_the_split_refuses_a_model_on_the_cpu_and_names_kv_cache_memory():
