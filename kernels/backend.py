@@ -67,6 +67,7 @@ OPS: dict[str, tuple[str, str, str]] = {
     "rms_norm": ("rms_norm", "rms_norm", "rms_norm_ref"),
     "swiglu": ("swiglu", "swiglu", "swiglu_ref"),
     "rope": ("rope", "rope", "rope_ref"),
+    "rms_norm_rope": ("rope", "rms_norm_rope", "rms_norm_rope_ref"),
     "rope_kv_write": ("rope_kv_write", "rope_kv_write", "rope_kv_write_ref"),
     "hc_post": ("hc_post", "hc_post", "hc_post_ref"),
     "hc_pre": ("hc_pre", "hc_pre", "hc_pre_ref"),

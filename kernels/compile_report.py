@@ -245,6 +245,8 @@ def variants(g: Geometry) -> list[Variant]:
         _bf16(t, g.moe_inter), _bf16(t, g.moe_inter), 10.0, torch.bfloat16))
     add("small ops", f"rope q H={g.heads} D={g.head_dim} R={g.rope_dim}", lambda: rope.rope(
         q, _i64(t), _f32(g.rope_dim // 2), True))
+    add("small ops", f"rms_norm_rope q H={g.heads} D={g.head_dim} R={g.rope_dim}", lambda: rope.rms_norm_rope(
+        q, None, 1e-6, _i64(t), _f32(g.rope_dim // 2)))
     mix = (2 + g.hc) * g.hc
     add("small ops", f"hc_pre hc={g.hc} D={g.hidden}", lambda: hc_pre.hc_pre(
         _bf16(t, g.hc, g.hidden), _f32(mix, g.hc * g.hidden), _f32(3), _f32(mix), 20, 1e-6, 1e-6))

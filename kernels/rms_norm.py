@@ -1,6 +1,7 @@
 """RMSNorm over the last dim as one op: ``y = (x * rsqrt(mean(x^2) + eps) * weight)`` in fp32, cast to ``x``'s dtype.
 
-Contract: ``x [..., D]`` (fp32 / bf16 / fp16, inner dim contiguous), ``weight [D]`` or None (the per-head query
+Contract: ``x [..., D]`` (fp32 / bf16 / fp16, inner dim contiguous; rows may be strided, e.g. a column slice of a
+merged GEMM's output, and are read in place), ``weight [D]`` or None (the per-head query
 norm and mHC's input norm carry no weight), ``eps`` a float >= 0 -> a new tensor of ``x``'s shape and dtype.
 The reference model's ``RMSNorm`` (weight) and ``rms_normalize(x.float(), eps).to(x.dtype)`` (no weight) are
 this contract; :func:`rms_norm_ref` is that arithmetic in torch. The torch version is about eight ops
@@ -48,13 +49,13 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> to
 if HAS_TRITON:
 
     @triton.jit
-    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, rows, width, eps, HAS_WEIGHT: tl.constexpr, BLOCK_R: tl.constexpr,
-                         BLOCK: tl.constexpr):
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, rows, width, stride_x, eps, HAS_WEIGHT: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         col = tl.arange(0, BLOCK)
         ok = (row < rows)[:, None] & (col < width)[None, :]
         offs = row[:, None] * width + col[None, :]
-        x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row[:, None] * stride_x + col[None, :], mask=ok, other=0.0).to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / width + eps)
         y = x * inv[:, None]
         if HAS_WEIGHT:
@@ -69,13 +70,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     width = x.shape[-1]
     if weight is not None and weight.device != x.device:
         raise ValueError(f"weight is on {weight.device}, x on {x.device}; they must share a device")
-    xc = x.contiguous()
-    out = torch.empty_like(xc)
-    rows = xc.numel() // width
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows = out.numel() // width
     if rows:
-        w = xc if weight is None else weight.contiguous()  # an unused pointer when there is no weight
+        x2 = x.reshape(rows, width)  # a view of strided rows where one exists
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        w = x2 if weight is None else weight.contiguous()  # an unused pointer when there is no weight
         block = next_pow2(width)
-        block_r = max(1, min(next_pow2(rows), elements_per_program(xc.device) // block))
-        _rms_norm_kernel[(triton.cdiv(rows, block_r),)](xc, w, out, rows, width, eps, HAS_WEIGHT=weight is not None,
-                                                         BLOCK_R=block_r, BLOCK=block)
+        block_r = max(1, min(next_pow2(rows), elements_per_program(x.device) // block))
+        _rms_norm_kernel[(triton.cdiv(rows, block_r),)](x2, w, out, rows, width, x2.stride(0), eps,
+                                                         HAS_WEIGHT=weight is not None, BLOCK_R=block_r, BLOCK=block)
     return out

@@ -33,9 +33,10 @@ from .cache import LayerCache
 from .compressor import Compressor
 from .config import DeepseekV4Config
 from .indexer import Indexer
-from .layers import Linear, RMSNorm, map_rows, rms_normalize
+from .layers import Linear, RMSNorm, map_rows
+from .merged_linear import MergedLinear
 from .quant import kv_row_roundtrip
-from .rope import apply_rope, layer_frequencies
+from .rope import apply_rope, layer_frequencies, normed_rope
 
 
 class Projections(NamedTuple):
@@ -91,18 +92,46 @@ class AttentionWeights(nn.Module):
         self.attn_sink = nn.Parameter(torch.empty(cfg.n_heads, dtype=torch.float32, device=device))
         self.compressor = Compressor(cfg, self.ratio, cfg.head_dim, self.freqs, **kw) if self.ratio else None
         self.indexer = Indexer(cfg, self.freqs, **kw) if is_csa(self.ratio) else None
+        # the GEMM layout of bind_fused_gemms; None / False: the reference's (each linear on its own, wo_a copied)
+        self.in_proj: MergedLinear | None = None
+        self.q_proj: MergedLinear | None = None
+        self.wo_a_into_rows = False
+
+    def bind_fused_gemms(self, fused: bool) -> None:
+        """With ``fused`` (a GPU backend) the linears that read one input run as one GEMM each (see
+        :mod:`.merged_linear`): ``wq_a`` and ``wkv`` (the normed input), ``wq_b`` and the indexer's ``wq_b``
+        (``qr``); and the grouped ``wo_a`` writes its product straight into the ``[T, g * r]`` rows ``wo_b`` reads
+        (:meth:`project_out`). Call after the weights are loaded and the GEMMs bound (and again after replacing or
+        moving them). ``False`` keeps the reference's GEMMs: a wider or strided product may sum in another order
+        (on the CPU a strided batched output is computed batch by batch), and the CPU engine is compared with the
+        reference value for value."""
+        self.wo_a_into_rows = fused
+        if not fused:
+            self.in_proj = self.q_proj = None
+            return
+        self.in_proj = MergedLinear(self.wq_a, self.wkv)
+        self.q_proj = MergedLinear(self.wq_b, *(() if self.indexer is None else (self.indexer.wq_b,)))
+        self.in_proj.bind(True)
+        self.q_proj.bind(True)
 
     # ----- separately callable pieces -----------------------------------------------------------------------------
     def project_q(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(q [T, H, c], qr [T, q_lora_rank])`` for ``x [T, dim]`` at ``positions [T]``."""
         qr = self.q_norm(self.wq_a(x))
-        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        q = rms_normalize(q.float(), self.cfg.norm_eps).to(q.dtype)
-        return apply_rope(q, positions, self.freqs), qr
+        return self.heads_q(self.wq_b(qr), positions), qr
+
+    def heads_q(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The queries ``[T, H, c]`` from ``wq_b``'s output ``[T, H * c]``: per-head RMS norm, then RoPE."""
+        return normed_rope(q.unflatten(-1, (self.n_heads, self.head_dim)), None, self.cfg.norm_eps, positions,
+                           self.freqs)
 
     def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The shared K=V rows ``[T, c]`` exactly as cached (normed, rotated, round-tripped)."""
-        kv = apply_rope(self.kv_norm(self.wkv(x)), positions, self.freqs)
+        return self.finish_kv(self.wkv(x), positions)
+
+    def finish_kv(self, kv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The cached K=V rows from ``wkv``'s output ``[T, c]``: ``kv_norm``, RoPE, the release's round trip."""
+        kv = apply_rope(self.kv_norm(kv), positions, self.freqs)
         if self.cfg.quant_sim:
             kv = kv_row_roundtrip(kv, self.cfg.nope_dim, self.cfg.fp8_block)
         return kv
@@ -113,24 +142,32 @@ class AttentionWeights(nn.Module):
         Tensor parallel: ``o`` holds this rank's heads, ``wo_b`` its input columns (row-parallel), and
         the ranks' partial outputs are summed."""
         o = apply_rope(o, positions, self.freqs, inverse=True)
-        g, r = self.n_groups, self.cfg.o_lora_rank
-        o = o.reshape(o.shape[0], g, -1)
+        t, g, r = o.shape[0], self.n_groups, self.cfg.o_lora_rank
         wo_a = self.wo_a.weight.view(g, r, -1)
-        z = torch.bmm(o.to(wo_a.dtype).transpose(0, 1), wo_a.transpose(1, 2))  # [g, T, r]
-        # an explicit copy to [T, g * r]: a reshape would copy for T > 1 only (op count independent of T)
-        return self.comm.all_reduce(self.wo_b(z.transpose(0, 1).clone(memory_format=torch.contiguous_format).view(o.shape[0], -1)))
+        o = o.reshape(t, g, -1).to(wo_a.dtype).transpose(0, 1)  # [g, T, d]
+        if self.wo_a_into_rows:  # the batched GEMM writes group g of token t at z[t, g]: no copy (GPU backends)
+            z = torch.empty(t, g, r, dtype=wo_a.dtype, device=o.device)
+            torch.bmm(o, wo_a.transpose(1, 2), out=z.transpose(0, 1))
+        else:  # an explicit copy to [T, g, r]: a reshape would copy for T > 1 only (op count independent of T)
+            z = torch.bmm(o, wo_a.transpose(1, 2)).transpose(0, 1).clone(memory_format=torch.contiguous_format)
+        return self.comm.all_reduce(self.wo_b(z.view(t, -1)))
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> Projections:
-        """All token-local projections of this layer for ``x [T, dim]`` (see ``Projections``)."""
-        q, qr = self.project_q(x, positions)
-        p = Projections(q=q, kv=self.project_kv(x, positions))
+        """All token-local projections of this layer for ``x [T, dim]`` (see ``Projections``): ``project_q`` and
+        ``project_kv``'s math, with ``wq_a`` / ``wkv`` and the two ``wq_b`` through their merged GEMMs."""
+        q_a, kv = (self.wq_a(x), self.wkv(x)) if self.in_proj is None else self.in_proj(x)
+        qr = self.q_norm(q_a)
+        if self.q_proj is None:
+            q_b = (self.wq_b(qr), None if self.indexer is None else self.indexer.wq_b(qr))
+        else:
+            q_b = self.q_proj(qr)
+        p = Projections(q=self.heads_q(q_b[0], positions), kv=self.finish_kv(kv, positions))
         if self.compressor is not None:
             p = p._replace(comp=self.compressor.project(x, positions))
         if self.indexer is not None:
-            p = p._replace(index_q=self.indexer.project_q(qr, positions), index_w=self.indexer.head_weights(x),
+            p = p._replace(index_q=self.indexer.heads_q(q_b[1], positions), index_w=self.indexer.head_weights(x),
                            index_comp=self.indexer.compressor.project(x, positions))
         return p
-
 
 
 class Attention(AttentionWeights):

@@ -41,8 +41,11 @@ class Indexer(nn.Module):
         self.weight_scale = self.head_dim**-0.5 * self.n_heads**-0.5
 
     def project_q(self, qr: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        q = apply_rope(q, positions, self.freqs)
+        return self.heads_q(self.wq_b(qr), positions)
+
+    def heads_q(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The indexer queries ``[T, nI, cI]`` from ``wq_b``'s output ``[T, nI * cI]``."""
+        q = apply_rope(q.unflatten(-1, (self.n_heads, self.head_dim)), positions, self.freqs)
         if self.cfg.quant_sim:
             q = fp4_roundtrip(hadamard_rotate(q), self.cfg.fp4_block)
         return q

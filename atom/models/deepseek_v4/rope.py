@@ -101,3 +101,19 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, in
     swapped = tail.unflatten(-1, (rd // 2, 2)).flip(-1).flatten(-2)
     rot = tail * cos2 + swapped * sin2
     return torch.cat((x[..., :-rd], rot.to(x.dtype)), dim=-1)
+
+
+def normed_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor,
+                freqs: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope` of ``x`` RMS-normalised over its last dim (times ``weight`` when given) and rounded to
+    ``x``'s dtype: the arithmetic of ``RMSNorm`` (``rms_normalize(x.float(), eps).to(x.dtype)`` without weight)
+    followed by the rotation, op for op. Inside :func:`~.fused_ops.fused_small_ops` one ``rms_norm_rope`` launch,
+    which reads a strided ``x`` in place."""
+    kernels = active_small_ops()
+    if kernels is not None:
+        return kernels.rms_norm_rope(x, weight, eps, positions, on_device(freqs, positions.device))
+    y = x.float()
+    y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return apply_rope(y.to(x.dtype), positions, freqs)

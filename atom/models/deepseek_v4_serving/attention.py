@@ -94,13 +94,15 @@ class ArenaAttention(AttentionWeights):
         # a GPU backend rotates, rounds and writes the new K=V rows in one launch; the torch backend keeps the
         # reference's ops one by one (the CPU engine is compared with the reference model value for value)
         self.fuse_kv_write = kernels.sources.get("rope_kv_write", "torch") != "torch"
+        # a GPU backend merges GEMMs and writes wo_a's product in place; the torch backend keeps the reference's
+        self.bind_fused_gemms(kernels.backend != "torch")
 
-    def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def finish_kv(self, kv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The reference's K=V rows exactly as cached; with :attr:`fuse_kv_write` the rows before RoPE and
         the release's round trip, which ``rope_kv_write`` applies on the way into the arena."""
         if self.fuse_kv_write:
-            return self.kv_norm(self.wkv(x))
-        return super().project_kv(x, positions)
+            return self.kv_norm(kv)
+        return super().finish_kv(kv, positions)
 
     # ---- the step -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
