@@ -217,8 +217,8 @@ def variants(g: Geometry) -> list[Variant]:
             _f32(8, CSA_STATE_RING, w), _i32(t, fill=-1), _i32(t), _i32(t, fill=4)))
         r = CSA_RATIO + CSA_OVERLAP_ROWS
         add("state", f"entry_pool {label} W={w}", lambda w=w, c=c, r=r: entry_pool.entry_pool(
-            _f32(t, w), _f32(t, w), _f32(8, CSA_STATE_RING, w), _f32(8, CSA_STATE_RING, w), _i32(t, r, fill=-1),
-            _i32(t, r, fill=-1), _i32(r), width=c))
+            _f32(t, w), _f32(t, w), _f32(CSA_RATIO, w), _i32(t), _f32(8, CSA_STATE_RING, w),
+            _f32(8, CSA_STATE_RING, w), _i32(t, r, fill=-1), _i32(t, r, fill=-1), _i32(r), width=c))
     add("state", f"hca_state_update ratio={g.hca_ratio}", lambda: hca_state.hca_state_update(
         _f32(t, g.head_dim), _f32(t, g.head_dim), _f32(g.hca_ratio, g.head_dim), _f32(8, 3, g.head_dim), _i32(t),
         cu, start, _f32(t, g.head_dim), max_len=1))

@@ -4,7 +4,10 @@ Contract for the paged engine (every piece is callable on its own):
 
 * ``project(x, positions) -> (kv, score)``: fp32 ``[T, coff*c]`` raw rows per token; ``score`` already includes
   ``ape[pos % m]`` (``project_raw(x)`` gives it without).  ``coff`` = 2 on CSA (overlap), 1 on HCA.  These are
-  exactly the rows of the compressor state.
+  exactly the rows of the compressor state.  An engine whose state kernels add ``ape`` themselves sets
+  :attr:`Compressor.kernels_add_ape`: ``project`` then returns ``project_raw``'s rows (the same fp32 add happens
+  in the kernels, so the state and entries are bit-identical).  :meth:`Compressor.bind_fused_gemm` (a GPU
+  backend) runs ``wkv`` and ``wgate`` as one GEMM; ``kv`` and ``score`` are then column views of its product.
 * State ring (``state_ring_rows(m)`` rows): CSA ``[8, 2c]`` indexed by ``pos % 8``; HCA ``[m, c]`` indexed by
   ``pos % m`` (kv and score rings).
 * ``entry_sources(ids) -> (positions, col, pad)``: the one statement of which rows are pooled into entries
@@ -38,6 +41,7 @@ from atom.kv_group import CSA_OVERLAP_ROWS, is_csa, state_ring_rows
 from .cache import CompressorState
 from .config import DeepseekV4Config
 from .layers import Linear, RMSNorm
+from .merged_linear import MergedLinear
 from .quant import fp4_roundtrip, hadamard_rotate, kv_row_roundtrip
 from .rope import apply_rope
 
@@ -57,21 +61,52 @@ class Compressor(nn.Module):
         self.wgate = Linear(cfg.dim, coff * head_dim, dtype=dtype, device=device)
         self.norm = RMSNorm(head_dim, cfg.norm_eps, dtype=dtype, device=device)
         self.freqs = freqs
+        #: ``project`` leaves ``ape`` out of the score rows: the engine's state kernels add it (module docstring)
+        self.kernels_add_ape = False
+        #: ``wkv`` and ``wgate`` as one GEMM (:meth:`bind_fused_gemm`); None: one GEMM each, as the reference
+        self.kv_gate: MergedLinear | None = None
 
     @property
     def ring_size(self) -> int:
         return state_ring_rows(self.ratio)
 
+    def bind_fused_gemm(self, fused: bool) -> str | None:
+        """With ``fused`` (a GPU backend) multiply ``wkv`` and ``wgate`` as one GEMM over their weights
+        concatenated here, once (:class:`~.merged_linear.MergedLinear`: the parameters become views of the merged
+        weight, names and values unchanged). Returns why they stay two GEMMs, or None when merged.
+
+        The projections run in fp32 whatever the model's dtype, so only dense fp32 weights merge (the serving model
+        holds them in fp32, ``cast_fp32_weights``); a merged product is the same fp32 GEMM, summed in an order the
+        wider output may change in the last bit. ``False`` keeps the reference's two GEMMs (the CPU engine is
+        compared with the reference value for value). Bind again after moving or replacing the weights."""
+        self.kv_gate = None
+        if not fused:
+            return None
+        if any(lin.fmt != "dense" or lin.weight.dtype != torch.float32 for lin in (self.wkv, self.wgate)):
+            return "the compressor projects in fp32: wkv and wgate merge only as dense fp32 weights"
+        merged = MergedLinear(self.wkv, self.wgate)
+        merged.bind(True)
+        if merged.merged is not None:
+            self.kv_gate = merged
+        return merged.refusal
+
     def project_raw(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 ``(kv, score)`` before the positional bias (for kernels that add ``ape`` themselves)."""
+        """fp32 ``(kv, score)`` before the positional bias (for kernels that add ``ape`` themselves); column views
+        of one product (row stride ``2 * coff * c``) when :meth:`bind_fused_gemm` merged the weights."""
         xf = x.float()
+        if self.kv_gate is not None:
+            kv, score = self.kv_gate(xf)
+            return kv, score
         return F.linear(xf, self.wkv.weight.float()), F.linear(xf, self.wgate.weight.float())
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 state rows ``(kv, score + ape[pos % m])`` for tokens ``x: [T, dim]`` at ``positions: [T]``.
+        """fp32 state rows ``(kv, score + ape[pos % m])`` for tokens ``x: [T, dim]`` at ``positions: [T]``
+        (``project_raw``'s rows when :attr:`kernels_add_ape` is set).
 
         ``score + ape`` is one fp32 add, so a kernel adding ``ape`` to ``project_raw``'s score is bit-identical."""
         kv, score = self.project_raw(x)
+        if self.kernels_add_ape:
+            return kv, score
         return kv, score + self.ape[positions % self.ratio]
 
     def entry_sources(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,11 +145,13 @@ class Compressor(nn.Module):
         ``[..., n, c] -> [..., c]``."""
         return (kv_rows * score_rows.softmax(dim=-2)).sum(dim=-2)
 
-    def finish_entries(self, pooled: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def finish_entries(self, pooled: torch.Tensor, ids: torch.Tensor,
+                       positions: torch.Tensor | None = None) -> torch.Tensor:
         """Entries ``ids [E]`` from their pooled rows ``[E, c]``: RMSNorm, RoPE at ``i * m``, quantization
-        round-trip if enabled."""
+        round-trip if enabled. ``positions``: ``ids * m`` when the caller already has it (an engine computes it
+        once per step for every layer), else computed here."""
         e = self.norm(pooled.float())
-        e = apply_rope(e, ids * self.ratio, self.freqs)
+        e = apply_rope(e, ids * self.ratio if positions is None else positions, self.freqs)
         if self.cfg.quant_sim:
             if self.for_indexer:
                 e = fp4_roundtrip(hadamard_rotate(e), self.cfg.fp4_block)

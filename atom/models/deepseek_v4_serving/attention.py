@@ -79,7 +79,6 @@ class ArenaAttention(AttentionWeights):
         self.views: KvViews | None = None
         self.k: KernelSet | None = None
         self._pending: Projections | None = None  # a step with drafts: its projections until commit()
-        self._zero_apes: dict[int, torch.Tensor] = {}  # per compressor: see _zero_ape
         self.fuse_kv_write = False  # set by bind_arena: rope_kv_write rotates, rounds and writes the K=V rows
 
     def bind_arena(self, views: KvViews, kernels: KernelSet) -> None:
@@ -94,6 +93,7 @@ class ArenaAttention(AttentionWeights):
         # a GPU backend rotates, rounds and writes the new K=V rows in one launch; the torch backend keeps the
         # reference's ops one by one (the CPU engine is compared with the reference model value for value)
         self.fuse_kv_write = kernels.sources.get("rope_kv_write", "torch") != "torch"
+        self._bind_compressors(kernels.backend != "torch")
         # a GPU backend merges GEMMs and writes wo_a's product in place; the torch backend keeps the reference's
         self.bind_fused_gemms(kernels.backend != "torch")
 
@@ -145,14 +145,17 @@ class ArenaAttention(AttentionWeights):
         return map_rows(self.project_out, rw, o.to(x.dtype), step.positions)
 
     # ---- compressor state ---------------------------------------------------------------------
-    def _zero_ape(self, comp: Compressor) -> torch.Tensor:
-        """A zero ``ape`` of ``comp``'s shape for the state kernels (the projected score rows already include
-        ``ape[pos % m]``), allocated once and reused: no fill launched per step. The kernels only read it."""
-        zeros = self._zero_apes
-        z = zeros.get(id(comp))
-        if z is None or z.shape != comp.ape.shape or z.dtype != comp.ape.dtype or z.device != comp.ape.device:
-            z = zeros[id(comp)] = torch.zeros_like(comp.ape)
-        return z
+    def _bind_compressors(self, fused: bool) -> None:
+        """The state kernels (``compressor_state_update``, ``csa_boundary_capture``, ``hca_state_update``,
+        ``entry_pool``) add each compressor's ``ape[pos % m]`` to the projected scores, so the projections leave
+        it out (``Compressor.kernels_add_ape``): no remainder, gather and add per compressor and step. Each
+        kernel applies the one fp32 add the projection did, so rings, captures and entries keep their bits.
+        ``fused`` (a GPU backend): each compressor's ``wkv`` and ``wgate`` as one GEMM
+        (``Compressor.bind_fused_gemm``)."""
+        for comp in (self.compressor, None if self.indexer is None else self.indexer.compressor):
+            if comp is not None:
+                comp.kernels_add_ape = True
+                comp.bind_fused_gemm(fused)
 
     def _prepare_state(self, step: StepInputs) -> None:
         """Clear the CSA rings of newly admitted requests, then restore CSA boundary rows of prefix hits."""
@@ -175,13 +178,13 @@ class ArenaAttention(AttentionWeights):
         token). The accumulator needs no reset: a block's first position starts it empty, and a request
         always starts at a block boundary."""
         comp = self.compressor
-        kv, score = (r.contiguous() for r in rows)
+        kv, score = rows  # row views (of one GEMM's output when merged): the kernels take a row stride
         pooled = torch.empty_like(kv)
         acc, slots = self.views.hca[self.layer_id], step.slots
         if step.committed is not None:  # pool the drafts' entries from a copy; the state takes committed rows
             acc, slots = acc[slots.long()].clone(), torch.arange(len(step.lengths), dtype=torch.int32,
                                                                  device=slots.device)
-        self.k.hca_state_update(kv, score, self._zero_ape(comp), acc, slots,
+        self.k.hca_state_update(kv, score, comp.ape, acc, slots,
                                 step.cu_seqlens, step.pos_start, pooled, max_len=step.max_len)
         if step.committed is not None:
             self._advance_hca(rows, step.committed, step)
@@ -193,35 +196,34 @@ class ArenaAttention(AttentionWeights):
             return torch.where(ent.seq >= 0, tok, 0)  # padding entries read row 0 and are not written
 
         tok = step.derive(("hca_last_tokens", comp.ratio), last_tokens)
-        self._write_entries(comp.finish_entries(pooled[tok], ent.ids), ent, step, tables, self.views.comp[self.layer_id],
-                            self.comp_region, self.views.main_codec)
+        self._write_entries(comp.finish_entries(pooled[tok], ent.ids, _entry_positions(step, comp.ratio)), ent, step,
+                            tables, self.views.comp[self.layer_id], self.comp_region, self.views.main_codec)
 
     def _advance_hca(self, rows: tuple[torch.Tensor, torch.Tensor], sub: RowSubset, step: StepInputs) -> None:
         """Advance the HCA accumulators over the rows ``sub`` selects (their pooled rows are not used)."""
         if sub.max_len == 0:
             return
         kv, score = (r[sub.rows].contiguous() for r in rows)
-        self.k.hca_state_update(kv, score, self._zero_ape(self.compressor), self.views.hca[self.layer_id],
+        self.k.hca_state_update(kv, score, self.compressor.ape, self.views.hca[self.layer_id],
                                 step.slots, sub.cu_seqlens, sub.pos_start, torch.empty_like(kv), max_len=sub.max_len)
 
     def _advance_csa(self, comp: Compressor, rows: tuple[torch.Tensor, torch.Tensor], sub: RowSubset | None,
                      step: StepInputs, tables: PageTables, which: str) -> None:
         """Write the rows ``sub`` selects (all rows of the step: None) into the CSA ring, and capture the
         block-final overlap rows among them into their SWA pages."""
-        kv, score = rows[0].contiguous(), rows[1].contiguous()
+        kv, score = rows
         cu, start, longest = step.cu_seqlens, step.pos_start, step.max_len
         if sub is not None:
             if sub.max_len == 0:
                 return
             kv, score, cu, start, longest = kv[sub.rows], score[sub.rows], sub.cu_seqlens, sub.pos_start, sub.max_len
         state = self.views.state[self.layer_id] if which == "main" else self.views.index_state[self.layer_id]
-        zero_ape = self._zero_ape(comp)
-        self.k.compressor_state_update(kv, score, zero_ape, state[0], state[1], step.slots, cu, start)
+        self.k.compressor_state_update(kv, score, comp.ape, state[0], state[1], step.slots, cu, start)
         csa = self.views.csa[self.layer_id]
         dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
         window = lambda: _table_window(tables.swa, step.rows, start, longest, self.block_size)  # noqa: E731
         swa_pages, start = window() if sub is not None else step.derive(("capture_window", self.block_size), window)
-        self.k.csa_boundary_capture(kv, score, zero_ape, dst[0], dst[1], swa_pages, cu, start,
+        self.k.csa_boundary_capture(kv, score, comp.ape, dst[0], dst[1], swa_pages, cu, start,
                                     block_size=self.block_size)
 
     def commit(self, accepted: RowSubset, step: StepInputs, tables: PageTables) -> None:
@@ -247,7 +249,7 @@ class ArenaAttention(AttentionWeights):
     def _compress(self, comp: Compressor, rows: tuple[torch.Tensor, torch.Tensor], step: StepInputs,
                   tables: PageTables, state: tuple[torch.Tensor, torch.Tensor], out_rows: torch.Tensor,
                   region, which: str, codec) -> None:
-        kv, score = rows[0].contiguous(), rows[1].contiguous()
+        kv, score = rows
         ent = step.entries[comp.ratio]
         entries = self._finished_entries(comp, kv, score, step, ent, state)  # reads the ring before the update
         self._advance_csa(comp, (kv, score), step.committed, step, tables, which)
@@ -261,8 +263,10 @@ class ArenaAttention(AttentionWeights):
         indices depend only on the step and the compressor's geometry: computed once per step."""
         fresh_row, ring_row, col = step.derive(("entry_rows", comp.ratio, comp.ring_size, comp.head_dim),
                                                lambda: _entry_rows(comp, step, ent))
-        pooled = self.k.entry_pool(kv, score, state[0], state[1], fresh_row, ring_row, col, width=comp.head_dim)
-        return comp.finish_entries(pooled, ent.ids)
+        pos32 = step.derive(("pos32",), lambda: step.positions.to(torch.int32))
+        pooled = self.k.entry_pool(kv, score, comp.ape, pos32, state[0], state[1], fresh_row, ring_row, col,
+                                   width=comp.head_dim)
+        return comp.finish_entries(pooled, ent.ids, _entry_positions(step, comp.ratio))
 
     # ---- index lists --------------------------------------------------------------------------
     def _comp_index(self, p: Projections, step: StepInputs, tables: PageTables, pos32: torch.Tensor) -> torch.Tensor:
@@ -288,6 +292,12 @@ class ArenaAttention(AttentionWeights):
                                     key_rows, codec=self.views.index_codec)
         visible = step.derive(("visible_entries", ratio), lambda: (step.positions + 1) // ratio)
         return self.k.index_topk(scores, visible, self.cfg.index_topk)  # Indexer.select_scores' rule, one launch
+
+
+def _entry_positions(step: StepInputs, ratio: int) -> torch.Tensor:
+    """The RoPE position ``i * ratio`` of every entry ``i`` the step completes at ``ratio``: once per step, shared
+    by every layer (and the indexer) of that ratio."""
+    return step.derive(("entry_positions", ratio), lambda: step.entries[ratio].ids * ratio)
 
 
 def _entry_rows(comp: Compressor, step: StepInputs, ent: EntryList) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
