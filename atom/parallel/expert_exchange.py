@@ -27,9 +27,9 @@ siblings) still takes part with zero counts; every rank makes the same four coll
 
 The counts are read back to the host once per layer (the split sizes of the row exchange: the layer's
 only read; the rows for each peer are ordered by a fixed-size sort on the device, not a ``nonzero``), so
-a layer that exchanges rows cannot be recorded in a CUDA graph. Under expert parallelism the counts
-change with every layer's routing, so no read can be shared between layers; a fixed-capacity
-all-to-all removes the read. On a GPU build the same contract (:meth:`run_experts`: rows,
+a layer running this counted exchange cannot be recorded in a CUDA graph. Under expert parallelism the
+counts change with every layer's routing, so no read can be shared between layers; the fixed-capacity
+exchange below removes the read. On a GPU build the same contract (:meth:`run_experts`: rows,
 weights, ids in; this rank's routed sum out) is where a fused all-to-all plugs in: DeepEP's
 dispatch / combine (normal mode for prefill, low-latency mode for decode, whose fixed-size buffers
 also remove the host read), mori's EP dispatch / combine, or aiter's all-to-all. ``shard_model`` builds
@@ -133,7 +133,7 @@ class ExpertExchange:
         :attr:`capacity` set, the fixed-capacity exchange (no host read; shapes set by ``capacity``)."""
         if self.capacity:
             return self._run_fixed(x, weights, idx, expert_fn)
-        mine = torch.arange(self.replica.rank, x.shape[0], self.replica.size, device=x.device)
+        mine = self._mine(x.shape[0], x.device)
         order, sent = self._plan(idx[mine])  # order: this rank's rows to send, grouped by peer
         send_counts, recv_counts = self._exchange_counts(sent)
         order = order[: sum(send_counts)]
@@ -153,6 +153,12 @@ class ExpertExchange:
                 out[mine[order[lo:lo + count]]] += back[lo:lo + count]
             lo += count
         return out
+
+    def _mine(self, rows: int, device: torch.device) -> torch.Tensor:
+        """The rows of a ``rows``-row step this rank dispatches: ``j, j + T, ...`` for rank ``j`` of a replica of
+        ``T`` ranks (none when ``rows <= j``)."""
+        j = self.replica.rank
+        return torch.arange(j, max(rows, j), self.replica.size, device=device)
 
     def _plan(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(order [world * rows], counts [world] int64)`` on the device: ``order[:counts.sum()]`` are the rows to
@@ -180,7 +186,7 @@ class ExpertExchange:
         """:meth:`run_experts` through ``capacity`` slots per peer (module docstring): three equal-split
         all-to-alls, no value read back, every shape fixed by ``capacity`` and ``x``'s."""
         world, cap, (n, dim), k = self.comm.size, self.capacity, x.shape, idx.shape[1]
-        mine = torch.arange(self.replica.rank, n, self.replica.size, device=x.device)
+        mine = self._mine(n, x.device)
         if mine.shape[0] > cap:
             raise ValueError(f"the fixed-capacity expert exchange holds {cap} rows per peer; this rank dispatches "
                              f"{mine.shape[0]} of a {n}-row step (a step over the capacity needs the counted "
