@@ -8,7 +8,7 @@ bucket (4, 2, 1); every step's sampled logits are kept.
 
 The cases: release-format MoE (FP8 linears, MXFP4 routed experts, ``quant_sim`` on) on one rank; the MTP verify
 step of speculative decoding (``speculative`` > 0: every decoding request verifies its drafts in the bucketed
-step); tensor- and expert-parallel ranks (:mod:`atom.testing.graph_ranks`). On the torch backend the
+step, a request with fewer drafts padded to the runner's count); tensor- and expert-parallel ranks (:mod:`atom.testing.graph_ranks`). On the torch backend the
 quantized or partitioned routed experts run ``fused_moe``'s grouped reference in all three runs
 (``host_free_experts``), so the runs differ only by padding: rows and index widths.
 """
@@ -67,12 +67,14 @@ def mtp_model() -> DeepseekV4ForServing:
 @dataclass
 class CaseRun:
     """What one run sampled: ``tokens`` per request (admission order), the ``logits`` of every step as sampled,
-    the bucket of every step run on the bucketed inputs, and the drafts accepted (speculative runs)."""
+    the bucket of every step run on the bucketed inputs, the drafts accepted (speculative runs), and how many
+    bucketed steps padded a request's missing drafts (it had fewer than the runner verifies)."""
 
     tokens: list[list[int]]
     logits: list[torch.Tensor] = field(repr=False)
     buckets: list[int]
     accepted: int = 0
+    padded_drafts: int = 0
 
 
 def short_engine(model_cfg, runner: Callable[[KvLayout], object], *, speculative: int = 0) -> LLMEngine:
@@ -102,9 +104,12 @@ def run_requests(engine: LLMEngine) -> list[list[int]]:
     return [final[rid].output_token_ids for rid in ids]
 
 
-def recording_runner(runner: ModelRunner, logits: list[torch.Tensor], buckets: list[int]) -> ModelRunner:
-    """``runner`` with every step's sampled logits appended to ``logits`` and the bucket of every step it runs
-    on the bucketed inputs to ``buckets``."""
+def recording_runner(runner: ModelRunner, logits: list[torch.Tensor], buckets: list[int],
+                     padded: list[bool] | None = None) -> ModelRunner:
+    """``runner`` with every step's sampled logits appended to ``logits``, the bucket of every step it runs
+    on the bucketed inputs to ``buckets`` and whether that step padded a request's missing drafts to
+    ``padded``."""
+    padded = [] if padded is None else padded
     sample_all = runner.sampler.sample_all
     runner.sampler.sample_all = lambda rows, *a, **k: logits.append(rows.clone()) or sample_all(rows, *a, **k)
     if runner.decode is not None:
@@ -114,6 +119,7 @@ def recording_runner(runner: ModelRunner, logits: list[torch.Tensor], buckets: l
             out = run(batch, tables)
             if out is not None:
                 buckets.append(runner.decode.buffers.bucket_for(batch))
+                padded.append(runner.decode.buffers.padded_drafts(batch))
             return out
         runner.decode.run = bucketed
     return runner
@@ -125,16 +131,17 @@ def short_run(model: DeepseekV4ForServing, graph_mode: str, *, emulate: bool = F
     ``torch.cuda``'s graph API emulated on the CPU, so ``graph`` captures and replays there."""
     logits: list[torch.Tensor] = []
     buckets: list[int] = []
+    padded: list[bool] = []
 
     def runner_for(layout: KvLayout) -> ModelRunner:
         return recording_runner(ModelRunner(model, layout, max_model_len=SHORT_LEN, kernel_backend=kernel_backend,
                                             graph_mode=graph_mode, poison=True, speculative_num_tokens=speculative,
-                                            host_free_experts=host_free_experts), logits, buckets)
+                                            host_free_experts=host_free_experts), logits, buckets, padded)
 
     with cuda_graph_emulation() if emulate else contextlib.nullcontext(), torch.no_grad():
         engine = short_engine(model.cfg, runner_for, speculative=speculative)
         tokens = run_requests(engine)
-    return CaseRun(tokens, logits, buckets, engine.stats().spec_accepted if speculative else 0)
+    return CaseRun(tokens, logits, buckets, engine.stats().spec_accepted if speculative else 0, sum(padded))
 
 
 def run_case(model: DeepseekV4ForServing, **kwargs) -> tuple[dict[str, CaseRun], ReplayComparison]:

@@ -50,12 +50,12 @@ def test_release_format_graphs_sample_the_tokens_of_the_reference_models_per_exp
 
 @pytest.fixture(scope="module")
 def verify_runs():
-    return run_case(mtp_model(), speculative=1)
+    return run_case(mtp_model(), speculative=2)
 
 
 def test_mtp_verify_steps_replayed_from_graphs_equal_eager_speculative_decoding(verify_runs):
-    """Every decoding request verifies one MTP draft in the bucketed step; sampling, the commit of the accepted
-    drafts and the next drafts run after it on its inputs and final stream."""
+    """Every decoding request verifies up to two MTP drafts in the bucketed step; sampling, the commit of the
+    accepted drafts and the next drafts run after it on its inputs and final stream."""
     runs, result = verify_runs
     graph = runs["graph"]
     assert len(set(graph.buckets)) >= 2 and len(graph.buckets) >= 5  # verify steps, in more than one bucket
@@ -64,6 +64,17 @@ def test_mtp_verify_steps_replayed_from_graphs_equal_eager_speculative_decoding(
     assert result.tokens_equal
     assert result.unpadded <= UNPADDED_BOUND
     assert graph.accepted == runs["padded"].accepted == runs["eager"].accepted
+
+
+def test_every_verify_step_replays_a_graph_with_the_drafts_a_request_lacks_padded(verify_runs):
+    """Near ``max_tokens`` a request gets fewer than two drafts (one, then none): its missing draft slots are
+    padding, rejected by construction (never sampled), so those steps replay the verify graph too and the
+    tokens stay those of eager decoding."""
+    runs, result = verify_runs
+    graph = runs["graph"]
+    assert len(graph.buckets) == len(graph.logits) - 1  # every sampling step but the one prefill step
+    assert graph.padded_drafts >= 4 and runs["padded"].padded_drafts == graph.padded_drafts
+    assert result.same_shapes and result.tokens_equal
 
 
 def test_mtp_verify_graphs_sample_the_tokens_of_decoding_without_drafts(verify_runs):
