@@ -40,7 +40,7 @@ def run_recording_logits(engine):
     return steps
 
 
-@pytest.mark.parametrize("full_retain", [False, True])
+@pytest.mark.parametrize("full_retain", [False, pytest.param(True, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("num_chunks", [200, pytest.param(5, marks=pytest.mark.slow)], ids=["roomy", "preempting"])
 def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, reference, full_retain, num_chunks):
     engine = make_engine(num_chunks=num_chunks, full_retain=full_retain)

@@ -39,6 +39,7 @@ def test_the_same_seed_gives_the_same_tokens_and_another_seed_does_not(make_engi
     assert sample(1) != sample(2)
 
 
+@pytest.mark.slow  # 40 tokens for 6 prompts, twice: about 4 s of CPU
 def test_a_seeded_request_preempted_midway_samples_the_same_tokens(make_engine):
     params = SamplingParams(max_tokens=40, temperature=1.0, seed=7, ignore_eos=True)
     prompts = [[(13 * i + n) % 500 + 1 for i in range(60)] for n in range(6)]

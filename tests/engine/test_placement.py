@@ -61,6 +61,7 @@ def test_a_repo_id_without_huggingface_hub_says_how_to_get_it(monkeypatch):
         resolve_model_dir("deepseek-ai/DeepSeek-V4-Flash")
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and huggingface_hub
 def test_a_repo_id_that_cannot_be_fetched_offline_is_a_clear_error(tmp_path):
     code = ("from atom.model_executor.placement import resolve_model_dir\n"
             "try:\n    resolve_model_dir('deepseek-ai/DeepSeek-V4-Flash')\n"

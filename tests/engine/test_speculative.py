@@ -38,7 +38,7 @@ ARENAS = pytest.mark.parametrize("num_chunks", [200, pytest.param(5, marks=pytes
 
 
 @ARENAS
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_greedy_output_with_oracle_and_wrong_drafts_equals_the_non_speculative_run(make_engine, num_chunks, k):
     n_out = N_OUT if num_chunks == 200 else 40
     off = run(make_engine(num_chunks=num_chunks), prompts(), greedy(n_out))
@@ -58,6 +58,7 @@ def test_greedy_output_with_oracle_and_wrong_drafts_equals_the_non_speculative_r
         assert oracle.scheduler.num_preemptions > 0 and wrong.scheduler.num_preemptions > 0
 
 
+@pytest.mark.slow  # the suite twice on two engines: about 3.5 s of CPU
 def test_the_second_round_of_the_suite_hits_the_prefix_cache_as_often_with_speculation_on(make_engine):
     params = greedy()
     off_engine = make_engine(budget=64)

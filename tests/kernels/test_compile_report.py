@@ -60,6 +60,7 @@ def test_every_variant_compiles_for_sm90_and_gfx942_without_spills_on_tensor_cor
     assert (spill, no_tc, over) == (0, 0, 0)
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and triton
 def test_the_report_refuses_an_unknown_target_naming_the_accepted_ones():
     done = subprocess.run([sys.executable, "-m", "atom.kernels.compile_report", "--targets", "sm90,gfx1200"],
                           capture_output=True, text=True, timeout=120)

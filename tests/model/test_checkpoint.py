@@ -180,6 +180,7 @@ def test_a_directory_without_weights_raises(tmp_path):
         load_checkpoint(tmp_path)
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_the_make_tiny_checkpoint_module_runs_as_a_script(tmp_path):
     import subprocess
     import sys

@@ -79,6 +79,7 @@ def test_a_streamed_dsml_call_arrives_as_tool_call_deltas_and_no_content_piece_h
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
 
 
+@pytest.mark.slow  # each case generates the whole scripted answer (about 180 tokens): 6-7 s of CPU
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_malformed_call_ends_as_content_with_its_markers_made_inert(scripted_server, stream):
     bad = "Checking.\n" + CALL.lstrip("\n")  # one newline before the block: not a call
