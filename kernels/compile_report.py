@@ -164,10 +164,11 @@ def variants(g: Geometry) -> list[Variant]:
     add("attention", f"sparse_attention bf16 swa+comp T={t} H={g.heads}", lambda: sparse_attention.sparse_attention(
         q, _bf16(ROWS, g.head_dim), win, _bf16(ROWS, g.head_dim), comp_idx, sink, scale=scale), **merge)
     iq, iw = _bf16(t, g.index_heads, g.index_dim), _bf16(t, g.index_heads)
+    w_scale = (g.index_dim * g.index_heads) ** -0.5  # the head weights' scale, multiplied in the kernel
     add("indexer", f"index_score fp8 keys H={g.index_heads}", lambda: index_score.index_score(
-        iq, iw, key_rows, _i32(t, 4096), codec=kc))
+        iq, iw, key_rows, _i32(t, 4096), codec=kc, w_scale=w_scale))
     add("indexer", f"index_score bf16 keys H={g.index_heads}", lambda: index_score.index_score(
-        iq, iw, _bf16(ROWS, g.index_dim), _i32(t, 4096)))
+        iq, iw, _bf16(ROWS, g.index_dim), _i32(t, 4096), w_scale=w_scale))
     add("select", f"index_topk N=4096 k={g.index_topk}", lambda: index_topk.index_topk(  # a radix select: no dot
         _f32(t, 4096), _i32(t), g.index_topk))
     qkv = g.heads * g.head_dim
@@ -200,6 +201,14 @@ def variants(g: Geometry) -> list[Variant]:
     add("kv write", "rope_kv_write bf16 rows quant_sim", lambda: rope_kv_write.rope_kv_write(
         _bf16(t, g.head_dim), _bf16(ROWS, g.head_dim), table, seqs, start, freqs, block_size=128, row_stride=128,
         fp8_block=64))
+    for fp8_block, label in ((64, " quant_sim"), (0, "")):  # with kv_norm, as the serving attention runs it
+        add("kv write", f"rope_kv_write kv_norm fp8_ds_mla{label}", lambda fp8_block=fp8_block:
+            rope_kv_write.rope_kv_write(_bf16(t, g.head_dim), main_rows, table, seqs, start, freqs, block_size=128,
+                                        row_stride=128, fp8_block=fp8_block, codec=rc, norm_weight=_bf16(g.head_dim),
+                                        norm_eps=1e-6))
+    add("kv write", "rope_kv_write kv_norm bf16 rows quant_sim", lambda: rope_kv_write.rope_kv_write(
+        _bf16(t, g.head_dim), _bf16(ROWS, g.head_dim), table, seqs, start, freqs, block_size=128, row_stride=128,
+        fp8_block=64, norm_weight=_bf16(g.head_dim), norm_eps=1e-6))
     add("kv write", "compressed_write fp8_ds_mla", lambda: compressed_write.compressed_write(
         _bf16(t, g.head_dim), main_rows, table, seqs, start, codec=rc, **comp_geo))
     add("kv write", "compressed_write fp8 index keys", lambda: compressed_write.compressed_write(

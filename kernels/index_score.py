@@ -3,7 +3,11 @@
 Contract. For query token ``t`` with head queries ``q[t] [nI, cI]`` and head weights ``w[t] [nI]``, and
 candidate key rows ``key_rows[key_idx[t, n]]`` (``-1`` = no candidate)::
 
-    scores[t, n] = sum_h w[t, h] * relu(<q[t, h], K_n>)        (-inf where key_idx[t, n] == -1)
+    scores[t, n] = sum_h w'[t, h] * relu(<q[t, h], K_n>)        (-inf where key_idx[t, n] == -1)
+
+with ``w' = w * w_scale`` computed as torch multiplies a tensor by a Python float (in fp32, rounded to ``w``'s
+dtype; ``w_scale`` 1 leaves ``w`` as it is): the indexer's ``weights_proj(x) * weight_scale`` folded in, so the
+model hands over the projection's output without a separate multiply.
 
 The key rows are plain fp32/bf16 rows (``codec=None``) or uint8 FP8 key rows (``codec`` = their
 :class:`~atom.kernels.fp8_index_key.Fp8IndexKeyLayout`). The Triton kernel decodes FP8 keys tile by
@@ -43,10 +47,18 @@ def _check(q, w, key_rows, key_idx, codec) -> None:
     check_same_device(q=q, w=w, key_rows=key_rows, key_idx=key_idx)
 
 
+def _check_scale(w_scale: float) -> None:
+    if not isinstance(w_scale, float) or not w_scale > 0 or w_scale == float("inf"):
+        raise ValueError(f"w_scale must be a finite float > 0, got {w_scale!r}")
+
+
 def index_score_ref(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, key_idx: torch.Tensor, *,
-                    codec: RowCodec = None) -> torch.Tensor:
+                    codec: RowCodec = None, w_scale: float = 1.0) -> torch.Tensor:
     """Torch reference of :func:`index_score` (same contract)."""
     _check(q, w, key_rows, key_idx, codec)
+    _check_scale(w_scale)
+    if w_scale != 1.0:
+        w = w * w_scale  # the model's own multiply (Indexer.head_weights)
     t, n = key_idx.shape
     keys = decode_rows_ref(key_rows[key_idx.long().clamp(min=0).reshape(-1)], codec).reshape(t, n, -1)
     scores = (torch.relu(q.float() @ keys.float().transpose(1, 2)) * w.float()[:, :, None]).sum(dim=1)
@@ -56,19 +68,23 @@ def index_score_ref(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, ke
 if HAS_TRITON:
     from ._common import mma
     from .kv_rows import load_rows
+    from .store_rounding import rounded_for
 
     @triton.jit
     def _index_score_kernel(q_ptr, w_ptr, rows_ptr, idx_ptr, out_ptr, heads, dim, n_idx, q_s0, q_s1, w_s0,
-                            rows_stride, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                            FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, QBLOCK: tl.constexpr,
-                            BF16: tl.constexpr, NATIVE: tl.constexpr):
+                            rows_stride, w_scale, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_D: tl.constexpr, FMT: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr,
+                            QBLOCK: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, SCALED: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         h = tl.arange(0, BLOCK_H)
         d = tl.arange(0, BLOCK_D)
         q = tl.load(q_ptr + t * q_s0 + h[:, None] * q_s1 + d[None, :], mask=(h[:, None] < heads) & (d[None, :] < dim),
                     other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + t * w_s0 + h, mask=h < heads, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + t * w_s0 + h, mask=h < heads, other=0.0)
+        if SCALED:  # torch's tensor * float: in fp32, rounded to w's dtype
+            w = rounded_for(w.to(tl.float32) * w_scale, w_ptr.dtype.element_ty)
+        w = w.to(tl.float32)
         idx = tl.load(idx_ptr + t * n_idx + n, mask=n < n_idx, other=-1)
         valid = idx >= 0
         k = load_rows(rows_ptr, idx.to(tl.int64) * rows_stride, valid, d, dim, FMT, NOPE, ROPE, QBLOCK)
@@ -84,7 +100,7 @@ def _bf16_keys(q: torch.Tensor, key_rows: torch.Tensor, codec: RowCodec) -> bool
 
 
 def index_score(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, key_idx: torch.Tensor, *,
-                codec: RowCodec = None) -> torch.Tensor:
+                codec: RowCodec = None, w_scale: float = 1.0) -> torch.Tensor:
     """Indexer scores ``[T, N]`` fp32 of every query over its candidates.
 
     Args:
@@ -92,10 +108,12 @@ def index_score(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, key_id
         key_rows: ``[num_rows, cI]`` plain key rows, or uint8 ``[num_rows, codec.row_bytes]`` FP8 keys.
         key_idx: int32 ``[T, N]`` candidate key rows per query, -1 = none (scored -inf).
         codec: None for plain rows, else the :class:`Fp8IndexKeyLayout` of the byte rows.
+        w_scale: a float > 0 the head weights are multiplied by first (module docstring).
 
     Raises ValueError before launch on bad arguments.
     """
     _check(q, w, key_rows, key_idx, codec)
+    _check_scale(w_scale)
     require_triton("index_score")
     num_tokens, heads, dim = q.shape
     out = torch.empty(key_idx.shape, dtype=torch.float32, device=q.device)
@@ -105,7 +123,7 @@ def index_score(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, key_id
     fmt = {k: v for k, v in codec_constexprs(codec).items() if k in ("FMT", "NOPE", "ROPE", "QBLOCK")}
     grid = (num_tokens, triton.cdiv(key_idx.shape[1], block_n))
     _index_score_kernel[grid](q, w, key_rows, key_idx, out, heads, dim, key_idx.shape[1], q.stride(0), q.stride(1),
-                              w.stride(0), key_rows.stride(0), BLOCK_H=max(16, next_pow2(heads)), BLOCK_N=block_n,
-                              BLOCK_D=max(16, next_pow2(dim)), BF16=_bf16_keys(q, key_rows, codec),
-                              NATIVE=tiles_for(q.device).native_bf16_dot, **fmt)
+                              w.stride(0), key_rows.stride(0), w_scale, BLOCK_H=max(16, next_pow2(heads)),
+                              BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(dim)), BF16=_bf16_keys(q, key_rows, codec),
+                              NATIVE=tiles_for(q.device).native_bf16_dot, SCALED=w_scale != 1.0, **fmt)
     return out

@@ -1,7 +1,10 @@
 """A step's new K=V rows rotated, rounded as stored and written to their SWA rows, in one launch.
 
-The attention's K=V row leaves ``kv_norm`` un-rotated. Before it reaches the arena it takes, in this order:
+The attention's K=V row leaves ``wkv`` (or ``kv_norm``) un-rotated. Before it reaches the arena it takes, in this
+order:
 
+0. with ``norm_weight`` given, ``kv_norm``: the RMSNorm of :mod:`.rms_norm` (``x * rsqrt(mean(x^2) + norm_eps) *
+   norm_weight`` in fp32, rounded to ``kv.dtype``);
 1. RoPE on its last ``R = 2 * len(freqs)`` dims (``rope``: pairs rotated by ``position * freq`` in fp32, the
    result cast back to ``kv.dtype``);
 2. with ``fp8_block > 0`` (the release numerics, ``quant_sim``) the stored row's round trip: the first
@@ -10,11 +13,12 @@ The attention's K=V row leaves ``kv_norm`` un-rotated. Before it reaches the are
 3. the write of ``swa_write``: cast to the view's dtype for value rows, or encoded as ``fp8_ds_mla`` bytes for a
    byte view (``codec``), at row ``swa_table[seq, pos // block_size] * row_stride + pos % block_size``.
 
-:func:`rope_kv_write_ref` is exactly that chain of torch ops (``rope_ref``, the round trip, ``swa_write_ref``),
-so it equals the unfused path value for value. :func:`rope_kv_write` does all three in registers, one program
-per tile of tokens: the RoPE dims are rotated with the ``rope`` kernel's own arithmetic (``rotate_pairs``),
-then each NoPE block is loaded, round-tripped and cast or encoded, so on one device it writes the bytes the
-``rope`` kernel, the round trip and ``swa_write`` write one after the other. Against the torch reference the
+:func:`rope_kv_write_ref` is exactly that chain of torch ops (``rms_norm_ref``, ``rope_ref``, the round trip,
+``swa_write_ref``), so it equals the unfused path value for value. :func:`rope_kv_write` does them all in registers,
+one program per tile of tokens: the norm's sum of squares over each whole row as the ``rms_norm`` kernel reduces it
+(one tile of the row), then the RoPE dims are rotated with the ``rope`` kernel's own arithmetic (``rotate_pairs``),
+then each NoPE block is loaded (normed), round-tripped and cast or encoded, so on one device it writes the bytes
+the ``rms_norm`` kernel, the ``rope`` kernel, the round trip and ``swa_write`` write one after the other. Against the torch reference the
 NoPE values (bytes, scales) are identical and the RoPE dims can differ where the device's ``cos`` / ``sin``
 differ from torch's in the last fp32 bit (by a few fp32 units; after a rounding to bf16, by at most one bf16
 unit).
@@ -32,6 +36,7 @@ from ._common import (HAS_TRITON, check_index, check_range, check_rows, check_sa
 from .fp8_ds_mla import Fp8DsMlaLayout
 from .kv_rows import check_value_rows
 from .quant_formats import fp8_roundtrip
+from .rms_norm import _check as check_norm, rms_norm_ref
 from .rope import rope_ref
 from .swa_write import swa_write_ref
 from .tiles import tiles_for
@@ -45,9 +50,11 @@ _PLAIN_TILE = 64  # NoPE columns per step of a value row without the round trip
 
 def _check(kv: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
            positions: torch.Tensor, freqs: torch.Tensor, block_size: int, row_stride: int, fp8_block: int,
-           codec: Fp8DsMlaLayout | None) -> None:
+           codec: Fp8DsMlaLayout | None, norm_weight: torch.Tensor | None, norm_eps: float) -> None:
     check_rows("kv", kv, dtypes=_VALUE_DTYPES)
     width = kv.shape[1]
+    if norm_weight is not None:
+        check_norm(kv, norm_weight, norm_eps)
     if not isinstance(freqs, torch.Tensor) or freqs.dim() != 1 or freqs.dtype != torch.float32:
         raise ValueError(f"freqs must be a 1-d fp32 tensor, got {getattr(freqs, 'dtype', type(freqs).__name__)} "
                          f"{tuple(getattr(freqs, 'shape', ()))}")
@@ -75,7 +82,8 @@ def _check(kv: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_id
     check_index("swa_table", swa_table, (None, None))
     check_index("seq_idx", seq_idx, (kv.shape[0],))
     check_index("positions", positions, (kv.shape[0],))
-    check_same_device(kv=kv, rows=rows, swa_table=swa_table, seq_idx=seq_idx, positions=positions, freqs=freqs)
+    check_same_device(kv=kv, rows=rows, swa_table=swa_table, seq_idx=seq_idx, positions=positions, freqs=freqs,
+                      norm_weight=kv if norm_weight is None else norm_weight)
     n_pages = max_swa_page(rows.shape[0], block_size, row_stride)
     check_range("swa_table", swa_table, -1, n_pages,
                 f"rows has {rows.shape[0]} rows = {n_pages} pages of row_stride {row_stride}; -1 = no page")
@@ -86,9 +94,13 @@ def _check(kv: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_id
 
 def rope_kv_write_ref(kv: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
                       positions: torch.Tensor, freqs: torch.Tensor, *, block_size: int, row_stride: int,
-                      fp8_block: int = 0, codec: Fp8DsMlaLayout | None = None) -> None:
+                      fp8_block: int = 0, codec: Fp8DsMlaLayout | None = None,
+                      norm_weight: torch.Tensor | None = None, norm_eps: float = 0.0) -> None:
     """Torch reference of :func:`rope_kv_write` (same contract): the unfused chain of ops."""
-    _check(kv, rows, swa_table, seq_idx, positions, freqs, block_size, row_stride, fp8_block, codec)
+    _check(kv, rows, swa_table, seq_idx, positions, freqs, block_size, row_stride, fp8_block, codec, norm_weight,
+           norm_eps)
+    if norm_weight is not None:
+        kv = rms_norm_ref(kv, norm_weight, norm_eps)
     y = rope_ref(kv, positions, freqs)
     if fp8_block:
         nope = kv.shape[1] - 2 * freqs.shape[0]
@@ -123,23 +135,30 @@ if HAS_TRITON:
         return q * _pow2(e)[:, None]
 
     @triton.jit
-    def _rope_kv_write_kernel(x_ptr, pos_ptr, freq_ptr, seq_ptr, table_ptr, rows_ptr, num_tokens, x_stride,
-                              rows_stride, table_stride, block_size, row_stride, sign,
-                              BLOCK_T: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr,
-                              ROPE_P2: tl.constexpr, QB: tl.constexpr, ROUNDTRIP: tl.constexpr,
-                              FMT: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr, X_IS_BF16: tl.constexpr):
-        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        ok, pos, dst = token_slots(seq_ptr, pos_ptr, table_ptr, t, num_tokens, table_stride, block_size, row_stride,
-                                   rows_stride)  # dst: elements (bytes) of rows
-        src = t.to(tl.int64) * x_stride
-        # RoPE dims first (the NoPE blocks after them: the other order spills 4 bytes on sm90 around the slow
-        # path of cos / sin): rotated as the rope kernel rotates, cast to kv's dtype, then bf16 (round trip, encode)
+    def _kv_normed(v, inv, w_ptr, col, X_IS_BF16: tl.constexpr, NORM: tl.constexpr):
+        """``kv_norm`` of the fp32 values ``v`` at columns ``col``: ``v * inv * weight`` rounded to kv's dtype (as
+        the ``rms_norm`` kernel stores it), back in fp32; ``v`` itself without ``NORM``."""
+        if NORM:
+            v = v * inv[:, None] * tl.load(w_ptr + col).to(tl.float32)[None, :]
+            if X_IS_BF16:
+                v = _bf16_value(v)
+        return v
+
+    @triton.jit
+    def _rope_dims(x_ptr, freq_ptr, rows_ptr, w_ptr, src, dst, ok, pos, inv, sign, BLOCK_T: tl.constexpr,
+                   NOPE: tl.constexpr, ROPE: tl.constexpr, ROPE_P2: tl.constexpr, QB: tl.constexpr,
+                   ROUNDTRIP: tl.constexpr, FMT: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr,
+                   X_IS_BF16: tl.constexpr, NORM: tl.constexpr):
+        """The RoPE dims of a tile of rows: (normed,) rotated as the rope kernel rotates, cast to kv's dtype, then
+        bf16 (round trip, encode), stored; with ``fp8_ds_mla`` rows also the row's padding bytes."""
         r = tl.arange(0, ROPE_P2)
         live = r < ROPE
         odd = r % 2
         m = ok[:, None] & live[None, :]
         x = tl.load(x_ptr + src[:, None] + NOPE + r[None, :], mask=m, other=0.0).to(tl.float32)
         xp = tl.load(x_ptr + src[:, None] + NOPE + (r + 1 - 2 * odd)[None, :], mask=m, other=0.0).to(tl.float32)
+        x = _kv_normed(x, inv, w_ptr, NOPE + tl.where(live, r, 0), X_IS_BF16, NORM)
+        xp = _kv_normed(xp, inv, w_ptr, NOPE + tl.where(live, r + 1 - 2 * odd, 0), X_IS_BF16, NORM)
         freq = tl.load(freq_ptr + r // 2, mask=live, other=0.0)
         y = rotate_pairs(x, xp, pos.to(tl.float32), freq, odd, sign)
         if X_IS_BF16 or ROUNDTRIP or FMT == 1:
@@ -154,12 +173,19 @@ if HAS_TRITON:
                          tl.zeros([BLOCK_T, PAD_P2], dtype=tl.uint8), mask=ok[:, None] & (p[None, :] < PAD))
         else:
             tl.store(rows_ptr + dst[:, None] + NOPE + r[None, :], rounded_for(y, rows_ptr.dtype.element_ty), mask=m)
-        # NoPE dims: one block (FP8 scale group) per step, round-tripped and stored or encoded
+
+    @triton.jit
+    def _nope_dims(x_ptr, rows_ptr, w_ptr, src, dst, ok, inv, BLOCK_T: tl.constexpr, NOPE: tl.constexpr,
+                   ROPE: tl.constexpr, QB: tl.constexpr, ROUNDTRIP: tl.constexpr, FMT: tl.constexpr,
+                   X_IS_BF16: tl.constexpr, NORM: tl.constexpr):
+        """The NoPE dims of a tile of rows, one block (FP8 scale group) per step: (normed,) round-tripped, stored
+        or encoded."""
         c = tl.arange(0, QB)
         for b in tl.static_range((NOPE + QB - 1) // QB):
             col = b * QB + c
             m = ok[:, None] & (col < NOPE)[None, :]
             v = tl.load(x_ptr + src[:, None] + col[None, :], mask=m, other=0.0).to(tl.float32)
+            v = _kv_normed(v, inv, w_ptr, tl.where(col < NOPE, col, 0), X_IS_BF16, NORM)
             if ROUNDTRIP:
                 v = _fp8_roundtrip(v)
             if FMT == 1:
@@ -169,11 +195,42 @@ if HAS_TRITON:
             else:
                 tl.store(rows_ptr + dst[:, None] + col[None, :], rounded_for(v, rows_ptr.dtype.element_ty), mask=m)
 
+    @triton.jit
+    def _rope_kv_write_kernel(x_ptr, pos_ptr, freq_ptr, seq_ptr, table_ptr, rows_ptr, w_ptr, num_tokens, x_stride,
+                              rows_stride, table_stride, block_size, row_stride, sign, width, eps,
+                              BLOCK_T: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr,
+                              ROPE_P2: tl.constexpr, QB: tl.constexpr, ROUNDTRIP: tl.constexpr,
+                              FMT: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr, X_IS_BF16: tl.constexpr,
+                              NORM: tl.constexpr, WIDTH_P2: tl.constexpr):
+        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        ok, pos, dst = token_slots(seq_ptr, pos_ptr, table_ptr, t, num_tokens, table_stride, block_size, row_stride,
+                                   rows_stride)  # dst: elements (bytes) of rows
+        src = t.to(tl.int64) * x_stride
+        inv = tl.zeros([BLOCK_T], dtype=tl.float32)
+        if NORM:  # the rms_norm kernel's reduction: the whole row in one tile
+            d = tl.arange(0, WIDTH_P2)
+            xa = tl.load(x_ptr + src[:, None] + d[None, :], mask=ok[:, None] & (d < width)[None, :],
+                         other=0.0).to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(xa * xa, axis=1) / width + eps)
+        # the RoPE dims and the NoPE blocks, in the order that keeps sm90 from spilling (4 bytes around the slow
+        # path of cos / sin in the other order: RoPE first without the norm, NoPE first with it)
+        if NORM:
+            _nope_dims(x_ptr, rows_ptr, w_ptr, src, dst, ok, inv, BLOCK_T, NOPE, ROPE, QB, ROUNDTRIP, FMT, X_IS_BF16,
+                       NORM)
+            _rope_dims(x_ptr, freq_ptr, rows_ptr, w_ptr, src, dst, ok, pos, inv, sign, BLOCK_T, NOPE, ROPE, ROPE_P2,
+                       QB, ROUNDTRIP, FMT, PAD, PAD_P2, X_IS_BF16, NORM)
+        else:
+            _rope_dims(x_ptr, freq_ptr, rows_ptr, w_ptr, src, dst, ok, pos, inv, sign, BLOCK_T, NOPE, ROPE, ROPE_P2,
+                       QB, ROUNDTRIP, FMT, PAD, PAD_P2, X_IS_BF16, NORM)
+            _nope_dims(x_ptr, rows_ptr, w_ptr, src, dst, ok, inv, BLOCK_T, NOPE, ROPE, QB, ROUNDTRIP, FMT, X_IS_BF16,
+                       NORM)
+
 
 def rope_kv_write(kv: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
                   positions: torch.Tensor, freqs: torch.Tensor, *, block_size: int, row_stride: int,
-                  fp8_block: int = 0, codec: Fp8DsMlaLayout | None = None) -> None:
-    """Rotate, round and write the new K=V rows ``kv`` to their SWA rows in one launch (module docstring).
+                  fp8_block: int = 0, codec: Fp8DsMlaLayout | None = None,
+                  norm_weight: torch.Tensor | None = None, norm_eps: float = 0.0) -> None:
+    """Norm, rotate, round and write the new K=V rows ``kv`` to their SWA rows in one launch (module docstring).
 
     Args:
         kv: ``[num_tokens, D]`` fp32/bf16 rows before RoPE (inner dim contiguous, any row stride).
@@ -188,10 +245,13 @@ def rope_kv_write(kv: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor,
             ``D - R``; equal to ``codec.qblock`` with a codec).
         codec: None for value rows, else the :class:`Fp8DsMlaLayout` of the byte rows (``nope = D - R``,
             ``rope = R``).
+        norm_weight, norm_eps: ``kv_norm``'s ``[D]`` weight (fp32/bf16) and epsilon (a float >= 0): the rows are
+            RMS-normalised first; None: ``kv`` is already normed.
 
     Raises ValueError before launch on a wrong dtype, shape, layout or an out-of-range value.
     """
-    _check(kv, rows, swa_table, seq_idx, positions, freqs, block_size, row_stride, fp8_block, codec)
+    _check(kv, rows, swa_table, seq_idx, positions, freqs, block_size, row_stride, fp8_block, codec, norm_weight,
+           norm_eps)
     require_triton("rope_kv_write")
     if kv.shape[0] == 0:
         return
@@ -203,7 +263,9 @@ def rope_kv_write(kv: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor,
         qb, pad = fp8_block or min(next_pow2(nope), _PLAIN_TILE), 0
     bt = tiles_for(kv.device).copy_rows
     _rope_kv_write_kernel[(triton.cdiv(kv.shape[0], bt),)](
-        kv, positions, freqs.contiguous(), seq_idx, swa_table, rows, kv.shape[0], kv.stride(0), rows.stride(0),
-        swa_table.stride(0), block_size, row_stride, 1.0, BLOCK_T=bt, NOPE=nope, ROPE=rope, ROPE_P2=next_pow2(rope),
-        QB=qb, ROUNDTRIP=fp8_block > 0, FMT=0 if codec is None else 1, PAD=pad, PAD_P2=next_pow2(pad),
-        X_IS_BF16=kv.dtype == torch.bfloat16)
+        kv, positions, freqs.contiguous(), seq_idx, swa_table, rows,
+        kv if norm_weight is None else norm_weight.contiguous(),  # an unused pointer without the norm
+        kv.shape[0], kv.stride(0), rows.stride(0), swa_table.stride(0), block_size, row_stride, 1.0, kv.shape[1],
+        float(norm_eps), BLOCK_T=bt, NOPE=nope, ROPE=rope, ROPE_P2=next_pow2(rope), QB=qb, ROUNDTRIP=fp8_block > 0,
+        FMT=0 if codec is None else 1, PAD=pad, PAD_P2=next_pow2(pad), X_IS_BF16=kv.dtype == torch.bfloat16,
+        NORM=norm_weight is not None, WIDTH_P2=next_pow2(kv.shape[1]))

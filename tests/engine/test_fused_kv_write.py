@@ -1,6 +1,7 @@
 """The serving attention's fused K=V row write (``rope_kv_write``): taken on the Triton backend, where it gives the
-engine's logits and arena bytes of the unfused path (the rope kernel, the round trip, ``swa_write``) bit for bit
-with one launch fewer per layer; never taken on the torch backend, whose engine stays the reference's ops."""
+engine's logits and arena bytes of the unfused path (the ``kv_norm`` and rope kernels, the round trip,
+``swa_write``) bit for bit with two launches fewer per layer; never taken on the torch backend, whose engine stays
+the reference's ops."""
 
 import pytest
 import torch
@@ -39,10 +40,10 @@ def test_on_triton_the_fused_write_gives_the_unfused_paths_logits_and_arena_byte
     fused = make_engine(backend="triton", kv_cache_dtype=rows, quant_sim=quant_sim, budget=24)
     unfused = make_engine(backend="triton", kv_cache_dtype=rows, quant_sim=quant_sim, budget=24)
     for layer in attention_layers(unfused):
-        layer.fuse_kv_write = False  # the path before the fusion: rope kernel, round trip, swa_write kernel
+        layer.fuse_kv_write = False  # the path before the fusion: kv_norm and rope kernels, round trip, swa_write
     tokens, logits, count, steps = run(fused)
     want_tokens, want_logits, want_count, want_steps = run(unfused)
     assert tokens == want_tokens and steps == want_steps and len(logits) == len(want_logits) > 0
     assert all(torch.equal(a, b) for a, b in zip(logits, want_logits))
     assert torch.equal(fused.runner.views.buffer, unfused.runner.views.buffer)
-    assert want_count.triton - count.triton == steps * len(attention_layers(fused))
+    assert want_count.triton - count.triton == 2 * steps * len(attention_layers(fused))

@@ -7,6 +7,7 @@ import torch
 from support.kernels import arena_rows, assert_same_bits, bits, i32, random_table
 
 from atom.kernels.fp8_ds_mla import Fp8DsMlaLayout
+from atom.kernels.rms_norm import rms_norm, rms_norm_ref
 from atom.kernels.rope import rope
 from atom.kernels.rope_kv_write import rope_kv_write, rope_kv_write_ref
 from atom.kernels.swa_write import swa_write, swa_write_ref
@@ -153,6 +154,38 @@ def test_triton_equals_the_reference_bit_for_bit_but_the_last_bit_of_cos_and_sin
     assert bool(((a - b).abs()[live] <= bound).all())
     got[:, rope_columns(fmt, layout)] = want[:, rope_columns(fmt, layout)]
     assert_same_bits(got_buf, want_buf)  # everything else: the NoPE values / bytes, scales, padding, skipped rows
+
+
+NORMED = [pytest.param(g, s, d, f, q, id=f"{g}-{s}-{str(d)[6:]}-{f}-{'quant' if q else 'plain'}",
+                       marks=() if g == "tiny" else pytest.mark.slow)
+          for g, s, d, f, q in [("tiny", "ragged", torch.float32, "fp32", False),
+                                ("tiny", "ragged", torch.bfloat16, "fp8_ds_mla", True),
+                                ("tiny", "one token", torch.bfloat16, "bf16", True),
+                                ("release", "ring wrap", torch.bfloat16, "fp8_ds_mla", True),
+                                ("release", "one token", torch.float32, "fp32", False)]]
+
+
+@pytest.mark.parametrize("geometry,shape,dtype,fmt,quant", NORMED)
+def test_with_kv_norm_the_write_is_the_rms_norm_then_the_unnormed_write(geometry, shape, dtype, fmt, quant, gen):
+    kv, table, seqs, positions, freqs, num_rows, layout = case(geometry, shape, dtype, gen)
+    codec = layout if fmt == "fp8_ds_mla" else None
+    weight = (torch.rand(kv.shape[1], generator=gen) + 0.5).to(dtype)
+    geo = dict(block_size=BS, row_stride=STRIDE, fp8_block=layout.qblock if quant else 0, codec=codec)
+    for fused, norm in ((rope_kv_write, rms_norm), (rope_kv_write_ref, rms_norm_ref)):
+        got_buf, got = make_rows(fmt, num_rows, kv.shape[1], layout)
+        want_buf, want = make_rows(fmt, num_rows, kv.shape[1], layout)
+        fused(kv, got, table, seqs, positions, freqs, norm_weight=weight, norm_eps=1e-6, **geo)
+        fused(norm(kv, weight, 1e-6), want, table, seqs, positions, freqs, **geo)
+        assert_same_bits(got_buf, want_buf)
+
+
+@pytest.mark.parametrize("fn", [rope_kv_write, rope_kv_write_ref], ids=["triton", "torch"])
+def test_a_bad_kv_norm_is_refused_naming_it(fn):
+    args = good_args()
+    with pytest.raises(ValueError, match="weight must be None or a \\[32\\]"):
+        fn(**args, block_size=BS, row_stride=STRIDE, norm_weight=torch.ones(31))
+    with pytest.raises(ValueError, match="eps must be a float >= 0"):
+        fn(**args, block_size=BS, row_stride=STRIDE, norm_weight=torch.ones(32), norm_eps=-1.0)
 
 
 @pytest.mark.parametrize("fn", [rope_kv_write, rope_kv_write_ref], ids=["triton", "torch"])

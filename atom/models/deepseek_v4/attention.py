@@ -152,6 +152,10 @@ class AttentionWeights(nn.Module):
             z = torch.bmm(o, wo_a.transpose(1, 2)).transpose(0, 1).clone(memory_format=torch.contiguous_format)
         return self.comm.all_reduce(self.wo_b(z.view(t, -1)))
 
+    def index_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """``Projections.index_w`` of ``x`` (CSA layers): the indexer's head weights."""
+        return self.indexer.head_weights(x)
+
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> Projections:
         """All token-local projections of this layer for ``x [T, dim]`` (see ``Projections``): ``project_q`` and
         ``project_kv``'s math, with ``wq_a`` / ``wkv`` and the two ``wq_b`` through their merged GEMMs."""
@@ -165,7 +169,7 @@ class AttentionWeights(nn.Module):
         if self.compressor is not None:
             p = p._replace(comp=self.compressor.project(x, positions))
         if self.indexer is not None:
-            p = p._replace(index_q=self.indexer.heads_q(q_b[1], positions), index_w=self.indexer.head_weights(x),
+            p = p._replace(index_q=self.indexer.heads_q(q_b[1], positions), index_w=self.index_weights(x),
                            index_comp=self.indexer.compressor.project(x, positions))
         return p
 

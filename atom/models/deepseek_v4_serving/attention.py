@@ -9,7 +9,7 @@ Per layer and step, in this order (each step of it through a kernel of :mod:`ato
 1. token-local projections (``AttentionWeights.project``: q, the K=V row, compressor and indexer rows);
 2. ``swa_write``: every token's K=V row into its SWA page (``row = page * row_stride + pos % B``), so the
    window of every query in the step is in the arena before anyone reads it. On a GPU backend
-   ``rope_kv_write`` takes the row before RoPE and rotates it, applies the release's round trip
+   ``rope_kv_write`` takes ``wkv``'s output, applies ``kv_norm`` and RoPE and the release's round trip
    (``quant_sim``) and writes (or encodes) it in the same launch (:attr:`ArenaAttention.fuse_kv_write`);
 3. compressor state. CSA: clear the ring of a newly admitted request, ``csa_boundary_restore`` the
    overlap rows from the SWA page of a prefix hit's last block, pool every entry the chunk completes
@@ -98,11 +98,17 @@ class ArenaAttention(AttentionWeights):
         self.bind_fused_gemms(kernels.backend != "torch")
 
     def finish_kv(self, kv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The reference's K=V rows exactly as cached; with :attr:`fuse_kv_write` the rows before RoPE and
-        the release's round trip, which ``rope_kv_write`` applies on the way into the arena."""
+        """The reference's K=V rows exactly as cached; with :attr:`fuse_kv_write` ``wkv``'s output as it is (a
+        strided view when merged): ``rope_kv_write`` applies ``kv_norm``, RoPE and the release's round trip on
+        the way into the arena."""
         if self.fuse_kv_write:
-            return self.kv_norm(kv)
+            return kv
         return super().finish_kv(kv, positions)
+
+    def index_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """The indexer's head weights before their scale: ``index_score`` multiplies by it (``w_scale``, the
+        model's multiply in the kernel), so no separate launch."""
+        return self.indexer.weights_proj(x)
 
     # ---- the step -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
@@ -118,7 +124,8 @@ class ArenaAttention(AttentionWeights):
         if self.fuse_kv_write:
             self.k.rope_kv_write(p.kv, rows, tables.swa, step.token_slot, pos32, on_device(self.freqs, x.device),
                                  block_size=self.block_size, row_stride=self.swa_region.page_rows,
-                                 fp8_block=self.cfg.fp8_block if self.cfg.quant_sim else 0, codec=main_codec)
+                                 fp8_block=self.cfg.fp8_block if self.cfg.quant_sim else 0, codec=main_codec,
+                                 norm_weight=self.kv_norm.weight, norm_eps=float(self.kv_norm.eps))
         else:
             self.k.swa_write(_values(p.kv, rows, main_codec), rows, tables.swa, step.token_slot, pos32,
                              block_size=self.block_size, row_stride=self.swa_region.page_rows, codec=main_codec)
@@ -289,7 +296,7 @@ class ArenaAttention(AttentionWeights):
         key_rows = step.derive(("comp_index", *geo.values()), lambda: self.k.build_comp_index(
             tables.comp, step.token_slot, pos32, None, **geo))
         scores = self.k.index_score(p.index_q.contiguous(), p.index_w.contiguous(), self.views.index[self.layer_id],
-                                    key_rows, codec=self.views.index_codec)
+                                    key_rows, codec=self.views.index_codec, w_scale=float(self.indexer.weight_scale))
         visible = step.derive(("visible_entries", ratio), lambda: (step.positions + 1) // ratio)
         return self.k.index_topk(scores, visible, self.cfg.index_topk)  # Indexer.select_scores' rule, one launch
 
