@@ -15,7 +15,9 @@ replica whose batch is None (nothing scheduled) or has no sequence (only release
 are applied first) runs a **padding step**: every layer's MoE exchange with :data:`PADDING_ROWS` zero row
 (token id 0), no attention, no KV page touched, nothing sampled (:meth:`ModelRunner.pad_step`).
 :attr:`DataParallelRunner.padding_steps` counts those replica-steps and
-:attr:`DataParallelRunner.padding_tokens` their rows (one per padding replica-step).
+:attr:`DataParallelRunner.padding_tokens` their rows (one per padding replica-step, as the engine's replica
+statistics count them; in a graphed decode step a padding replica runs the group's bucket of padding rows
+instead, :attr:`DataParallelRunner.bucketed_steps` counts those steps).
 
 Exchange mode: every rank picks the same one from the broadcast list (:func:`step_capacity`). A step in
 which every replica decodes (each sequence one committed token, plus its drafts) or pads runs the
@@ -23,7 +25,9 @@ fixed-capacity exchange (:mod:`atom.parallel.expert_exchange`: no host read, buf
 decode step, :func:`exchange_capacity`), the precondition for recording a replica's decode step in a CUDA
 graph; a step in which any replica runs a prefill chunk runs the counted exchange, which moves only the
 rows needed (a chunk's padded buffers would cost ``world``-fold bandwidth) and reads the counts back once
-per layer.
+per layer. A runner of bucketed decode steps (``graph`` / ``padded`` mode) runs such a step at the group's
+key (:mod:`atom.parallel.dp_graphs`): every replica pads to the largest bucket among them, and a padding
+replica runs that bucket of padding rows, so all capture and replay the same graphs together.
 """
 
 from __future__ import annotations
@@ -32,8 +36,12 @@ import dataclasses
 import sys
 from typing import Sequence, TextIO
 
+import torch
+
 from atom.config import ParallelConfig
 from atom.model_executor.model_runner import ModelRunner
+from atom.kernels.backend import value_checks_off
+from atom.parallel.dp_graphs import ReplicaDecodeSteps, group_key, replica_decode_steps
 from atom.parallel.executor import RankZeroRunner, start_ranks
 from atom.parallel.expert_exchange import decode_capacity, set_exchange_capacity
 from atom.parallel.process_group import RankGroup
@@ -72,15 +80,24 @@ def step_capacity(batches: Sequence[ScheduledBatch | None], capacity: int, repli
     return capacity
 
 
-def replica_step(runner: ModelRunner, batch: ScheduledBatch | None, capacity: int = 0) -> RunnerOutput | None:
+def replica_step(runner: ModelRunner, batch: ScheduledBatch | None, capacity: int = 0,
+                 key: tuple[int, int] | None = None) -> RunnerOutput | None:
     """This rank's part of a step: ``batch`` (its replica's), or a padding step when it has no sequence
     (its releases and table deltas still land first). None when ``batch`` is None. ``capacity``: the step's
-    exchange capacity (:func:`step_capacity`; 0: counted)."""
+    exchange capacity (:func:`step_capacity`; 0: counted); ``key``: the group's decode-graph key of the step
+    (:func:`atom.parallel.dp_graphs.group_key`; None: eager), the padding step then the key's bucket of
+    padding rows through the same graph as the other replicas'."""
     set_exchange_capacity(runner.model, capacity)
+    if isinstance(runner.decode, ReplicaDecodeSteps):
+        runner.decode.key = key
     if batch is not None and batch.seqs:
         return runner.execute(batch)
     out = None if batch is None else runner.execute(batch)  # no sequence: tables and releases only
-    runner.pad_step(PADDING_ROWS)
+    if key is None:
+        runner.pad_step(PADDING_ROWS)
+    else:
+        with torch.no_grad(), value_checks_off():
+            runner.decode.run_padding()
     return out
 
 
@@ -103,6 +120,9 @@ class DataParallelRunner(RankZeroRunner):
         self.capacity = exchange_capacity(local, parallel.tensor_parallel_size)
         #: steps that ran the fixed-capacity exchange
         self.fixed_steps = 0
+        #: bucketed decode steps keyed for the whole group (None: eager runner); steps run on it
+        self.graphs = replica_decode_steps(local)
+        self.bucketed_steps = 0
 
     def execute_all(self, batches: Sequence[ScheduledBatch | None]) -> list[RunnerOutput | None]:
         """``batches[d]`` is replica ``d``'s step (None: nothing to run; it runs a padding step and its output
@@ -113,8 +133,10 @@ class DataParallelRunner(RankZeroRunner):
         batches = self._checked(batches)
         self.group.broadcast(batches)
         capacity = step_capacity(batches, self.capacity, self.parallel.tensor_parallel_size)
+        key = group_key(self.graphs, batches, capacity > 0)
         self.fixed_steps += capacity > 0
-        own = replica_step(self.local, batches[0], capacity)
+        self.bucketed_steps += key is not None
+        own = replica_step(self.local, batches[0], capacity, key)
         outs = self.group.gather(own)
         for batch in batches:
             if is_padding(batch):
@@ -141,12 +163,13 @@ def serve_replica_steps(group: RankGroup, runner: ModelRunner, parallel: Paralle
     it has none), the replica's first rank sending its output back, until rank 0 broadcasts ``None``."""
     replica = parallel.replica_of(group.rank)
     leader = group.rank % parallel.tensor_parallel_size == 0
-    capacity = exchange_capacity(runner, parallel.tensor_parallel_size)
+    capacity, graphs = exchange_capacity(runner, parallel.tensor_parallel_size), replica_decode_steps(runner)
     while True:
         batches = group.broadcast(None)
         if batches is None:
             return
-        out = replica_step(runner, batches[replica], step_capacity(batches, capacity, parallel.tensor_parallel_size))
+        step = step_capacity(batches, capacity, parallel.tensor_parallel_size)
+        out = replica_step(runner, batches[replica], step, group_key(graphs, batches, step > 0))
         group.gather(_on_cpu(out) if leader else None)
 
 

@@ -115,10 +115,9 @@ class ServingMoE(MoEWeights):
         """Whether :meth:`forward` runs without reading a device value back, so a CUDA graph can record it:
         the fused op on a GPU backend; on the torch backend the grouped dense path, or the fused op's reference
         when bound ``host_free`` (otherwise quantized or partitioned experts run one GEMM per expert there)."""
-        if self.exchange is not None:  # data-parallel attention: prefill steps' counted exchange reads its row
-            # counts back; decode steps' fixed-capacity exchange reads nothing, but replicas bucket their own
-            # batches, so they would not capture and replay their graphs' collectives at the same steps
-            return False
+        # under data-parallel attention (an exchange) the bucketed decode steps that graphs record run the
+        # fixed-capacity exchange, which reads nothing back, at a key every replica shares
+        # (atom.parallel.dp_graphs); the counted exchange of other steps runs eagerly
         if self._fused_source == "torch":
             return self.grouped or (self._grouped_reference and self.fusable)
         return self.fusable
