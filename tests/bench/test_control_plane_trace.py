@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from atom.bench.control_plane_engines import AtomReplay
 from atom.bench.control_plane_side import compare
 from atom.bench.control_plane_trace import Trace, build_steps, replay
@@ -32,6 +34,7 @@ def test_atom_replays_a_shared_prefix_trace_waiting_a_step_for_the_prefix_being_
     assert len(whole.steps) == 5 and all(t > 0 for t in whole.steps)
 
 
+@pytest.mark.slow  # timed repetitions of every operation: about 3 s of CPU
 def test_without_a_peer_the_comparison_summarises_atom_alone():
     atom, vllm = compare(TOY, 128, 2, reps=2, peer=False)
     assert vllm is None

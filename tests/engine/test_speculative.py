@@ -99,6 +99,7 @@ def _state_pages(engine, slot):
     return rows + [v.hca[layer][slot].clone() for layer in sorted(v.hca)]
 
 
+@pytest.mark.slow  # three engines and 24 decode steps compared state by state: about 3.5 s of CPU
 def test_compressor_state_after_rejected_drafts_equals_a_run_that_never_drafted(make_engine):
     """CSA rings (main and indexer) and HCA accumulators of a request whose every draft is rejected
     track those of the same request decoded one token per step."""
