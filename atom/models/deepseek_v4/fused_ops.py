@@ -1,11 +1,11 @@
 """Which implementation of the small token-local ops (RMSNorm, weightless RMS normalisation, RoPE) runs.
 
 Outside :func:`fused_small_ops` (the reference model, and the serving model on the torch backend) they are
-the torch arithmetic of :mod:`.layers` and :mod:`.rope`, unchanged. Inside it, ``RMSNorm``, ``rms_normalize``
-and ``apply_rope`` call the given kernel set's ``rms_norm`` / ``rope`` (one launch each instead of about eight
-torch ops). The serving model enters the scope per block on a GPU backend (Triton kernels), where a last-bit
-difference from the torch order is accepted; the CPU engine is compared with the reference value for value
-and never enters it.
+the torch arithmetic of :mod:`.layers` and :mod:`.rope`, unchanged. Inside it, ``RMSNorm``, ``rms_normalize``,
+``apply_rope`` and ``normed_rope`` call the given kernel set's ``rms_norm`` / ``rope`` / ``rms_norm_rope`` (one
+launch each instead of a chain of torch ops). The serving model enters the scope per block on a GPU backend
+(Triton kernels), where a last-bit difference from the torch order is accepted; the CPU engine is compared with
+the reference value for value and never enters it.
 
 A norm that feeds FP8 linears (the W8A8 path of :class:`~.layers.Linear`) may also quantize its output in the same
 launch (``rms_norm_fp8``): :func:`attach_fp8_input` hangs the FP8 rows and scales on the output tensor itself, and a
