@@ -20,7 +20,7 @@ import multiprocessing
 import torch
 
 from atom.bench.fake_device import DeviceAccessCounter, fake_cuda, to_fake_cuda
-from atom.bench.gpu_readiness import Case, _engine, release_meta_model
+from atom.bench.gpu_readiness import Case, _engine, add_prompts, measure, release_meta_model
 from atom.comm import Comm
 from atom.parallel.dp_runner import exchange_capacity, step_capacity
 from atom.parallel.expert_exchange import set_exchange_capacity
@@ -40,41 +40,35 @@ def dp_meta_model(kind: str, rank: int, replicas: int, expert_comm: Comm):
     return shard_model(model, plan, Comm(), "meta", expert_comm=expert_comm)
 
 
-def run_dp_case(case: Case, model) -> DeviceAccessCounter:
+def run_dp_case(case: Case, model) -> tuple[DeviceAccessCounter, str]:
     """Run ``case`` on this replica's ``model`` (on the fake device), every replica scheduling the same steps,
-    each step's exchange chosen as the data-parallel runner chooses it; count the measured step."""
+    each step's exchange chosen as the data-parallel runner chooses it; the measured step's count and
+    description (:func:`~atom.bench.gpu_readiness.measure`)."""
     engine = _engine(model, case, 4096)
-    for i, n in enumerate(case.prompts):
-        engine.add_request([(37 * i + 11 * j) % 1000 + 2 for j in range(n)], case.params[i % len(case.params)])
+    add_prompts(engine, case)
     runner = engine.runner
     capacity = exchange_capacity(runner, 1)
     execute = runner.execute
-    counter: DeviceAccessCounter | None = None
     fixed: list[int] = []
 
     def replica_execute(batch):
         step = step_capacity([batch] * case.tp, capacity, 1)  # every replica runs this schedule
         set_exchange_capacity(runner.model, step)
         fixed.append(step)
-        if counter is None:
-            return execute(batch)
-        with counter:
-            return execute(batch)
+        return execute(batch)
 
     runner.execute = replica_execute
-    for _ in range(case.warm):
-        engine.step()
     counter = DeviceAccessCounter()
-    engine.step()
+    step = measure(engine, case, counter)
     if not fixed[-1] or fixed[0]:
         raise RuntimeError(f"{case.name}: expected a prefill step on the counted exchange and a measured decode "
                            f"step on the fixed-capacity one; capacities per step {fixed}")
-    return counter
+    return counter, step
 
 
 def dp_rank(rank: int, case: Case, init_method: str, results: "multiprocessing.Queue") -> None:
     """Replica ``rank`` of ``case``'s data-parallel group, in a spawned process: its shard on fake ``cuda``,
-    the case's steps, the counted step's accesses put on ``results`` as ``(rank, accesses)``."""
+    the case's steps, the counted step's accesses put on ``results`` as ``(rank, accesses, step)``."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -82,6 +76,7 @@ def dp_rank(rank: int, case: Case, init_method: str, results: "multiprocessing.Q
     try:
         meta = dp_meta_model(case.model, rank, case.tp, Comm(rank, case.tp, dist.group.WORLD))
         with fake_cuda() as mode, torch.no_grad():
-            results.put((rank, run_dp_case(case, to_fake_cuda(meta, mode).eval()).accesses))
+            counter, step = run_dp_case(case, to_fake_cuda(meta, mode).eval())
+            results.put((rank, counter.accesses, step))
     finally:
         dist.destroy_process_group()
