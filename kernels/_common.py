@@ -145,16 +145,36 @@ def masked_puts(writes: Iterable[tuple[torch.Tensor, torch.Tensor]], index: tupl
     The redirected index is built once for all of them (the references write a value and a score tensor at
     the same rows); every ``dst`` takes ``index`` over its leading dims.
     """
+    put_redirected(writes, masked_redirect(index, keep))
+
+
+#: what :func:`masked_redirect` returns: (the index each entry writes at, the entry whose value it writes,
+#: ``[1]`` whether any entry is kept), or None for no entries
+Redirect = tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor] | None
+
+
+def masked_redirect(index: tuple[torch.Tensor, ...], keep: torch.Tensor) -> Redirect:
+    """The index half of :func:`masked_puts`, which depends on no data tensor: references whose index and
+    ``keep`` are the step's compute it once per step (:mod:`.step_memo`) and pass it to :func:`put_redirected`.
+    A skipped entry writes the value of a kept one at that one's index; with none kept every entry writes
+    at index 0, and :func:`put_redirected` writes the value already there."""
     if keep.numel() == 0:
-        return
+        return None
     any_keep, kept = keep.max(0, keepdim=True)  # [1] each: whether any entry is kept, and one kept entry (a
-    # 1-d index: indexing with a 0-d tensor would read it back); with none kept, ``kept`` is unused
-    idx = tuple(torch.where(keep, i, torch.where(any_keep, i[kept], 0)) for i in index)
-    origin = (0,) * len(index)
+    # 1-d index: indexing with a 0-d tensor would read it back)
+    source = torch.where(keep, torch.arange(keep.shape[0], device=keep.device), kept)  # the entry each writes
+    return tuple(i[source] * any_keep for i in index), source, any_keep
+
+
+def put_redirected(writes: Iterable[tuple[torch.Tensor, torch.Tensor]], redirect: Redirect) -> None:
+    """The data half of :func:`masked_puts`: each ``dst[index] = values`` through ``redirect``."""
+    if redirect is None:
+        return
+    idx, source, any_keep = redirect
+    origin = (0,) * len(idx)
     for dst, values in writes:
-        fb_val = torch.where(any_keep, values[kept], dst[origin])
-        vals = torch.where(keep.reshape((-1,) + (1,) * (values.dim() - 1)), values, fb_val)
-        dst.index_put_(idx, vals)
+        vals = values[source]
+        dst.index_put_(idx, torch.where(any_keep.reshape((1,) * vals.dim()), vals, dst[origin]))
 
 
 def check_same_device(**tensors: torch.Tensor) -> None:

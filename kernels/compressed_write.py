@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (HAS_TRITON, check_comp_geometry, check_index, check_range, check_same_device, compressed_row,
-                      launch_tiles, masked_put, max_comp_page, require_triton, triton, tl)
+from ._common import (HAS_TRITON, Redirect, check_comp_geometry, check_index, check_range, check_same_device,
+                      compressed_row, launch_tiles, masked_redirect, max_comp_page, put_redirected, require_triton,
+                      triton, tl)
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, encode_rows_ref
+from .step_memo import memoized
 
 __all__ = ["compressed_write", "compressed_write_ref"]
 
@@ -50,13 +52,22 @@ def compressed_write_ref(entries: torch.Tensor, rows: torch.Tensor, comp_table: 
                          pages_per_chunk: int, chunk_rows: int, codec: RowCodec = None) -> None:
     """Torch reference of :func:`compressed_write` (same contract)."""
     _check(entries, rows, comp_table, seq_idx, entry_idx, entries_per_block, pages_per_chunk, chunk_rows, codec)
+    put_redirected(((rows, encode_rows_ref(entries, codec)),),
+                   _entry_rows(comp_table, seq_idx, entry_idx, entries_per_block, pages_per_chunk, chunk_rows))
+
+
+@memoized
+def _entry_rows(comp_table: torch.Tensor, seq_idx: torch.Tensor, entry_idx: torch.Tensor, entries_per_block: int,
+                pages_per_chunk: int, chunk_rows: int) -> Redirect:
+    """Where each entry goes (a :func:`masked_redirect` of its physical row and whether it is written): index
+    arithmetic only, the same for every layer of one ratio in a step (:mod:`.step_memo`)."""
     live = (seq_idx >= 0) & (entry_idx >= 0)
     ent = entry_idx.long().clamp(min=0)
     page = comp_table[seq_idx.long().clamp(min=0), ent // entries_per_block]
     keep = live & (page >= 0)
     dst = compressed_row(page.clamp(min=0), ent % entries_per_block, entries_per_block, pages_per_chunk,
                          chunk_rows)
-    masked_put(rows, (dst,), encode_rows_ref(entries, codec), keep)
+    return masked_redirect((dst,), keep)
 
 
 if HAS_TRITON:

@@ -27,6 +27,7 @@ import torch
 
 from ._common import HAS_TRITON, check_index, check_positive, check_rows, check_same_device, next_pow2, \
     require_triton, triton, tl
+from .step_memo import memoized
 from .tiles import tiles_for
 
 __all__ = ["entry_pool", "entry_pool_ref"]
@@ -58,20 +59,30 @@ def entry_pool_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, pos
                    col: torch.Tensor, *, width: int) -> torch.Tensor:
     """Torch reference of :func:`entry_pool` (same contract)."""
     _check(kv, score, ape, positions, ring_kv, ring_score, fresh_row, ring_row, col, width)
-    ring = ring_kv.shape[1]
+    cols, fresh, pad, fresh_at, slot_at, ring_at, ape_at = _pool_index(positions, fresh_row, ring_row, col, width,
+                                                                       ring_kv.shape[1], ape.shape[0])
+
+    def rows(new: torch.Tensor, ring_src: torch.Tensor) -> torch.Tensor:
+        return torch.where(fresh, new, ring_src[slot_at, ring_at, cols])
+
+    bias = ape[ape_at, cols]
+    k = rows(kv[fresh_at, cols], ring_kv).masked_fill(pad, 0.0)
+    s = rows(score[fresh_at, cols] + bias, ring_score).masked_fill(pad, float("-inf"))
+    return (k * s.softmax(dim=-2)).sum(dim=-2)
+
+
+@memoized
+def _pool_index(positions: torch.Tensor, fresh_row: torch.Tensor, ring_row: torch.Tensor, col: torch.Tensor,
+                width: int, ring: int, ratio: int) -> tuple[torch.Tensor, ...]:
+    """The gather indices of :func:`entry_pool_ref`: (columns ``[1, R, width]``, fresh / pad masks ``[E, R, 1]``,
+    fresh row, ring slot, ring row and ape row ``[E, R, 1]``). Index arithmetic only, the same for every layer
+    of one compressor geometry in a step (:mod:`.step_memo`)."""
     cols = (col.long()[:, None] + torch.arange(width, device=col.device))[None]  # [1, R, width]
     fresh = (fresh_row >= 0)[..., None]
     pad = ((fresh_row < 0) & (ring_row < 0))[..., None]
     f, rr = fresh_row.long().clamp(min=0), ring_row.long().clamp(min=0)
-    slot, at = rr // ring, rr % ring
-
-    def rows(new: torch.Tensor, ring_src: torch.Tensor) -> torch.Tensor:
-        return torch.where(fresh, new, ring_src[slot[..., None], at[..., None], cols])
-
-    bias = ape[(positions.long()[f] % ape.shape[0])[..., None], cols]
-    k = rows(kv[f[..., None], cols], ring_kv).masked_fill(pad, 0.0)
-    s = rows(score[f[..., None], cols] + bias, ring_score).masked_fill(pad, float("-inf"))
-    return (k * s.softmax(dim=-2)).sum(dim=-2)
+    ape_at = (positions.long()[f] % ratio)[..., None]
+    return cols, fresh, pad, f[..., None], (rr // ring)[..., None], (rr % ring)[..., None], ape_at
 
 
 if HAS_TRITON:

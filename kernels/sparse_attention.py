@@ -29,6 +29,7 @@ import torch
 
 from ._common import (HAS_TRITON, VALUE_DTYPES, check_index, check_range, check_rows, check_same_device, next_pow2,
                       require_triton, triton, tl, value_checks_enabled)
+from .step_memo import memoized
 from .tiles import tiles_for
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, decode_rows_ref, row_width
 
@@ -68,25 +69,31 @@ def sparse_attention_ref(q: torch.Tensor, window_rows: torch.Tensor, window_idx:
                          scale: float, codec: RowCodec = None) -> torch.Tensor:
     """Torch reference of :func:`sparse_attention` (same contract), in fp32."""
     _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, codec)
-    sources = [(window_rows, window_idx, codec), (comp_rows, comp_idx, codec)]
-    sources = [src for src in sources if src[0] is not None]
-    keys = torch.cat([_gather(rows, idx, fmt) for rows, idx, fmt in sources], dim=1)  # [T, K, D]
-    valid = torch.cat([idx >= 0 for _, idx, _ in sources], dim=1)  # [T, K]
-    keys = keys.masked_fill(~valid[..., None], 0.0)  # a masked slot must not read row 0 (NaN in a NaN arena)
+    picks, masked = _key_index(window_idx, comp_idx)
+    keys = torch.cat([_gather(rows, at, codec) for rows, at in zip((window_rows, comp_rows), picks)], dim=1)
+    keys = keys.masked_fill(masked[..., None], 0.0)  # [T, K, D]; a masked slot must not read row 0 (NaN arena)
     logits = torch.einsum("thd,tkd->thk", q.float(), keys) * scale
-    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+    logits = logits.masked_fill(masked[:, None, :], float("-inf"))
     m = torch.maximum(logits.amax(dim=-1), sink[None, :])  # [T, H], finite because sink is
     p = torch.exp(logits - m[..., None])
     denom = p.sum(dim=-1) + torch.exp(sink[None, :] - m)
     return (torch.einsum("thk,tkd->thd", p, keys) / denom[..., None]).to(q.dtype)
 
 
-def _gather(rows: torch.Tensor, idx: torch.Tensor, codec: RowCodec) -> torch.Tensor:
-    """fp32 ``[T, K, D]`` values of ``rows[idx]`` (-1 reads row 0; the caller masks it)."""
-    picked = rows[idx.long().clamp(min=0)]
+@memoized
+def _key_index(window_idx: torch.Tensor, comp_idx: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(the row each slot of each source reads, -1 as row 0; ``[T, K]`` true at the masked slots of the sources
+    side by side): index arithmetic only, once per step for the window lists the layers share (:mod:`.step_memo`)."""
+    sources = [idx for idx in (window_idx, comp_idx) if idx is not None]
+    return [idx.long().clamp(min=0) for idx in sources], torch.cat([idx < 0 for idx in sources], dim=1)
+
+
+def _gather(rows: torch.Tensor, at: torch.Tensor, codec: RowCodec) -> torch.Tensor:
+    """fp32 ``[T, K, D]`` values of ``rows[at]`` (``at`` from :func:`_key_index`; the caller masks -1 slots)."""
+    picked = rows[at]
     if codec is None:
         return picked.float()
-    return decode_rows_ref(picked.flatten(0, 1), codec).view(idx.shape[0], idx.shape[1], -1)
+    return decode_rows_ref(picked.flatten(0, 1), codec).view(at.shape[0], at.shape[1], -1)
 
 
 if HAS_TRITON:

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (HAS_TRITON, check_index, check_range, check_same_device, check_swa_geometry,
-                      launch_tiles, masked_put, max_swa_page, require_triton, triton, tl,
+from ._common import (HAS_TRITON, Redirect, check_index, check_range, check_same_device, check_swa_geometry,
+                      launch_tiles, masked_redirect, max_swa_page, put_redirected, require_triton, triton, tl,
                       value_checks_enabled)
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, encode_rows_ref
+from .step_memo import memoized
 
 __all__ = ["swa_write", "swa_write_ref", "check_ragged", "ragged_tokens"]
 
@@ -79,10 +80,12 @@ def check_ragged(k_len: int, cu_seqlens: torch.Tensor, pos_start: torch.Tensor, 
     return int(lens.max())
 
 
+@memoized
 def ragged_tokens(cu_seqlens: torch.Tensor, pos_start: torch.Tensor, keep_last: int | None, num_tokens: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token index, sequence index, position, keep) of the ``num_tokens`` tokens of a ragged batch, in token
-    order; shapes depend only on ``num_tokens`` (nothing is read back).
+    order; shapes depend only on ``num_tokens`` (nothing is read back). Once per step and argument list inside
+    :func:`~.step_memo.step_memo` (the results are shared: not to be written into).
 
     ``keep`` is true for every token, or with ``keep_last`` for the last ``keep_last`` tokens of each chunk.
     """
@@ -103,19 +106,23 @@ def ragged_tokens(cu_seqlens: torch.Tensor, pos_start: torch.Tensor, keep_last: 
 # torch references
 # ----------------------------------------------------------------------------------------------
 
-def _scatter_ref(k, rows, swa_table, tok, seq, pos, keep, block_size, row_stride, codec) -> None:
+@memoized
+def _token_rows(swa_table: torch.Tensor, seq_idx: torch.Tensor, positions: torch.Tensor, block_size: int,
+                row_stride: int) -> Redirect:
+    """Where each token's row goes (a :func:`masked_redirect` of its physical row and whether it is written):
+    index arithmetic only, the same for every layer of a step (:mod:`.step_memo`)."""
+    seq, pos = seq_idx.long(), positions.long()
     page = swa_table[seq.clamp(min=0), pos.clamp(min=0) // block_size].long()
-    keep = keep & (page >= 0)
-    masked_put(rows, (page * row_stride + pos % block_size,), encode_rows_ref(k[tok], codec), keep)
+    keep = (seq_idx >= 0) & (positions >= 0) & (page >= 0)
+    return masked_redirect((page * row_stride + pos % block_size,), keep)
 
 
 def swa_write_ref(k: torch.Tensor, rows: torch.Tensor, swa_table: torch.Tensor, seq_idx: torch.Tensor,
                   positions: torch.Tensor, *, block_size: int, row_stride: int, codec: RowCodec = None) -> None:
     """Torch reference of :func:`swa_write` (same contract)."""
     _check_tokens(k, rows, swa_table, seq_idx, positions, block_size, row_stride, codec)
-    tok = torch.arange(k.shape[0], device=k.device)
-    _scatter_ref(k, rows, swa_table, tok, seq_idx.long(), positions.long(), (seq_idx >= 0) & (positions >= 0),
-                 block_size, row_stride, codec)
+    put_redirected(((rows, encode_rows_ref(k, codec)),), _token_rows(swa_table, seq_idx, positions, block_size,
+                                                                      row_stride))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from atom.model_executor.model_runner import ModelRunner
 from atom.models.deepseek_v4 import attention, block, model, moe
 from atom.models.deepseek_v4.checkpoint import load_checkpoint
 from atom.models.deepseek_v4.config import DeepseekV4Config
+from atom.models.deepseek_v4.rope import layer_frequencies
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
 
 REFERENCE_CLASSES = (model.DeepseekV4Model, block.Block, attention.Attention, moe.MoE)
@@ -55,3 +56,18 @@ def test_a_serving_layer_without_an_arena_says_to_bind_one():
     layer = DeepseekV4ForServing(cfg).layers[0].attn
     with pytest.raises(RuntimeError, match="call bind_arena first"):
         layer(torch.zeros(1, cfg.dim), None, None)
+
+
+def test_modules_with_equal_rope_frequencies_share_one_tensor_after_binding():
+    cfg = DeepseekV4Config.tiny()
+    serving = DeepseekV4ForServing(cfg)
+    serving.share_rope_frequencies()
+    holders = [m for m in serving.modules() if isinstance(getattr(m, "freqs", None), torch.Tensor)]
+    assert len({id(m.freqs) for m in holders}) == 2  # the uncompressed layers' set and the compressed layers'
+    for block_ in list(serving.layers) + list(serving.mtp):
+        a = block_.attn
+        assert torch.equal(a.freqs, layer_frequencies(cfg, a.ratio))
+        assert a.compressor is None or a.compressor.freqs is a.freqs
+        assert a.indexer is None or (a.indexer.freqs is a.freqs and a.indexer.compressor.freqs is a.freqs)
+    first = {bool(b.attn.ratio): b.attn.freqs for b in serving.layers}
+    assert all(b.attn.freqs is first[bool(b.attn.ratio)] for b in serving.layers)

@@ -32,9 +32,12 @@ def hc_mixes(h: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
 def sinkhorn_split(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, hc: int, iters: int,
                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(pre [T, hc], post [T, hc], comb [T, hc, hc])`` from the mixing logits (see module docstring)."""
-    pre = torch.sigmoid(mixes[:, :hc] * scale[0] + base[:hc]) + eps
-    post = 2 * torch.sigmoid(mixes[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
-    comb = mixes[:, 2 * hc :].reshape(-1, hc, hc) * scale[2] + base[2 * hc :].reshape(hc, hc)
+    widths = (hc, hc, hc * hc)
+    (m_pre, m_post, m_comb), (b_pre, b_post, b_comb) = mixes.split(widths, dim=1), base.split(widths)
+    s_pre, s_post, s_comb = scale.unbind()  # one op each for the slices and selects of the three groups
+    pre = torch.sigmoid(m_pre * s_pre + b_pre) + eps
+    post = 2 * torch.sigmoid(m_post * s_post + b_post)
+    comb = m_comb.reshape(-1, hc, hc) * s_comb + b_comb.reshape(hc, hc)
     return pre, post, torch.ops.atom.hc_sinkhorn(comb.float().contiguous(), iters, float(eps))
 
 

@@ -36,10 +36,12 @@ def hc_post_accumulate(y: torch.Tensor, residual: torch.Tensor, post: torch.Tens
     """``h'_k = post_k * y + sum_j comb[j, k] * residual_j`` -> ``[T, hc, d]``, accumulated in one fp32
     ``[T, hc, d]`` tensor term by term in the reference's order (post term first, then ``j = 0, 1, ...``),
     so it equals the reference ``hc_post`` bit for bit without its ``[T, 1 + hc, hc, d]`` fp32 stack
-    (``(1 + hc) * hc`` stream-sized fp32 tensors: 20 for ``hc = 4``; here at most 2 at a time)."""
-    acc = post[:, :, None] * y.float()[:, None, :]
-    for j in range(residual.shape[1]):
-        acc += comb[:, j, :, None] * residual[:, j].float()[:, None, :]
+    (``(1 + hc) * hc`` stream-sized fp32 tensors: 20 for ``hc = 4``; here at most 2 at a time). Each term's
+    operands are views taken by one ``unbind`` per input, so a term costs two ops (its product, its add)."""
+    acc = post.unsqueeze(2) * y.float().unsqueeze(1)
+    weights = comb.unsqueeze(3).unbind(1)  # comb[:, j, :, None] for each j: [T, hc (k), 1]
+    for w, r in zip(weights, residual.unsqueeze(2).unbind(1)):  # r: residual[:, j] as [T, 1, d]
+        acc += w * r.float()
     return acc.to(residual.dtype)
 
 

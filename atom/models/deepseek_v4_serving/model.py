@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from atom.kernels.backend import KernelSet
+from atom.kernels.step_memo import step_memo
 from atom.model_ops.kv_views import KvViews
 from atom.model_ops.step_inputs import PageTables, RowSubset, StepInputs
 from atom.models.deepseek_v4.compressor import Compressor
@@ -65,6 +66,7 @@ class DeepseekV4ForServing(ModelWeights):
         ``host_free_experts``: routed experts the torch backend cannot group (quantized, or a partition)
         run ``fused_moe``'s reference there, which reads nothing back (``ServingMoE.bind_kernels``)."""
         self.cast_fp32_weights()
+        self.share_rope_frequencies()
         self.bind_kernels(kernels)
         for block in list(self.layers) + list(self.mtp):
             block.attn.bind_arena(views, kernels)
@@ -86,6 +88,24 @@ class DeepseekV4ForServing(ModelWeights):
                 if w.is_floating_point() and w.dtype != torch.float32:
                     w.data = w.data.float()
 
+    def share_rope_frequencies(self) -> None:
+        """Give every module's RoPE ``freqs`` of equal values one tensor object. The step's rotation tables are
+        cached per ``(positions, freqs)`` object pair (:func:`shared_rope_tables`); each layer builds its own
+        ``freqs``, so without this every layer, its compressor and indexer computed the tables again (84 table
+        builds per thin-Flash decode step; with it one per positions tensor and frequency set: V4 has two sets,
+        the uncompressed layers' and the compressed ones'). Same values, so the same rotations bit for bit."""
+        kept: list[torch.Tensor] = []
+        for module in self.modules():
+            freqs = getattr(module, "freqs", None)
+            if not isinstance(freqs, torch.Tensor):
+                continue
+            same = next((k for k in kept if k.dtype == freqs.dtype and k.device == freqs.device
+                         and k.shape == freqs.shape and torch.equal(k, freqs)), None)
+            if same is None:
+                kept.append(freqs)
+            else:
+                module.freqs = same
+
     def logits(self, collapsed: torch.Tensor) -> torch.Tensor:
         """fp32 logits of ``[T, dim]`` rows. On a GPU with a bf16 / fp16 head: one GEMM in the head's dtype
         with fp32 accumulation and fp32 output (no fp32 copy of the head per step; the products of
@@ -102,7 +122,9 @@ class DeepseekV4ForServing(ModelWeights):
         """``(fp32 logits of step.sample_rows, or of every row with all_rows; the final stream [N, hc, dim]
         of every row)``; writes the step's KV rows into the arena."""
         h = self.embed_tokens(step.token_ids)
-        with shared_rope_tables():  # each layer's rotations share one table per positions tensor
+        # each layer's rotations share one table per positions tensor, and the torch references' index
+        # arithmetic over the step's index tensors runs once per step (kernels/step_memo.py)
+        with shared_rope_tables(), step_memo():
             for block in self.layers:
                 h = block(h, step, tables)
         if all_rows:
