@@ -48,6 +48,7 @@ OPS: dict[str, tuple[str, str, str]] = {
     "compressed_write": ("compressed_write", "compressed_write", "compressed_write_ref"),
     "compressor_state_update": ("compressor_state", "compressor_state_update", "compressor_state_update_ref"),
     "csa_boundary_capture": ("compressor_state", "csa_boundary_capture", "csa_boundary_capture_ref"),
+    "csa_state_write": ("compressor_state", "csa_state_write", "csa_state_write_ref"),
     "csa_boundary_restore": ("compressor_state", "csa_boundary_restore", "csa_boundary_restore_ref"),
     "hca_state_update": ("hca_state", "hca_state_update", "hca_state_update_ref"),
     "build_window_index": ("paged_index", "build_window_index", "build_window_index_ref"),

@@ -221,6 +221,10 @@ def variants(g: Geometry) -> list[Variant]:
         add("state", f"csa_boundary_capture {label} W={w}", lambda w=w: compressor_state.csa_boundary_capture(
             _f32(t, w), _f32(t, w), _f32(CSA_RATIO, w), _f32(8, CSA_OVERLAP_ROWS, w), _f32(8, CSA_OVERLAP_ROWS, w),
             table, cu, start, block_size=128))
+        add("state", f"csa_state_write {label} W={w}", lambda w=w: compressor_state.csa_state_write(
+            _f32(t, w), _f32(t, w), _f32(CSA_RATIO, w), _f32(8, CSA_STATE_RING, w), _f32(8, CSA_STATE_RING, w),
+            _i32(t), _f32(8, CSA_OVERLAP_ROWS, w), _f32(8, CSA_OVERLAP_ROWS, w), table, cu, start, start,
+            block_size=128))
         add("state", f"csa_boundary_restore {label} W={w}", lambda w=w: compressor_state.csa_boundary_restore(
             _f32(8, CSA_OVERLAP_ROWS, w), _f32(8, CSA_OVERLAP_ROWS, w), _f32(8, CSA_STATE_RING, w),
             _f32(8, CSA_STATE_RING, w), _i32(t, fill=-1), _i32(t), _i32(t, fill=4)))

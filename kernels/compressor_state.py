@@ -13,6 +13,11 @@ Three kernels, each a checked Triton wrapper plus a torch reference of the same 
   It reads the token's own projected rows rather than the ring, because a chunk that crosses
   several block boundaries keeps only its last ``ring`` positions in the ring; the values are the
   ones the update writes (same fp32 add), so capture then restore is bit-exact.
+* :func:`csa_state_write` is the update and the capture of one chunk in one launch (the serving
+  attention's CSA path runs both on the same rows): each token's program writes its ring row when it is
+  among its sequence's last ``ring`` tokens and its boundary row when its position is among a block's
+  last 4. The capture's positions may be shifted by whole blocks (``capture_start``: the capture
+  table's first column is the chunk's first block), so the ring's ``pos_start`` is a separate input.
 * :func:`csa_boundary_restore` copies the 4 rows of SWA page ``restore_src[s]`` into state slot
   ``state_slot[s]`` at ring rows ``(P - 4 + j) % ring`` (``P`` = resume position), before the first
   compression after a prefix hit.
@@ -33,7 +38,8 @@ from ._common import (HAS_TRITON, check_index, check_positive, check_range, chec
 from .swa_write import check_ragged, ragged_tokens
 
 __all__ = ["compressor_state_update", "compressor_state_update_ref", "csa_boundary_capture",
-           "csa_boundary_capture_ref", "csa_boundary_restore", "csa_boundary_restore_ref", "CSA_OVERLAP_ROWS"]
+           "csa_boundary_capture_ref", "csa_state_write", "csa_state_write_ref", "csa_boundary_restore",
+           "csa_boundary_restore_ref", "CSA_OVERLAP_ROWS"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,6 +145,16 @@ def csa_boundary_capture_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.T
     masked_puts(((kv_dst, kv[tok]), (score_dst, score[tok] + ape[pos % ape.shape[0]])), (page, row), keep)
 
 
+def csa_state_write_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, kv_state: torch.Tensor,
+                        score_state: torch.Tensor, state_slot: torch.Tensor, kv_dst: torch.Tensor,
+                        score_dst: torch.Tensor, capture_table: torch.Tensor, cu_seqlens: torch.Tensor,
+                        pos_start: torch.Tensor, capture_start: torch.Tensor, *, block_size: int) -> None:
+    """Torch reference of :func:`csa_state_write`: the update, then the capture (they write disjoint memory)."""
+    compressor_state_update_ref(kv, score, ape, kv_state, score_state, state_slot, cu_seqlens, pos_start)
+    csa_boundary_capture_ref(kv, score, ape, kv_dst, score_dst, capture_table, cu_seqlens, capture_start,
+                             block_size=block_size)
+
+
 def csa_boundary_restore_ref(kv_src: torch.Tensor, score_src: torch.Tensor, kv_state: torch.Tensor,
                              score_state: torch.Tensor, restore_src: torch.Tensor, state_slot: torch.Tensor,
                              resume_pos: torch.Tensor) -> None:
@@ -210,6 +226,33 @@ if HAS_TRITON:
                       kvd_ptr, sd_ptr, page * kvd_s0 + r * kvd_s1, page * sd_s0 + r * sd_s1, ok, width, BLOCK_W)
 
     @triton.jit
+    def _state_write_kernel(kv_ptr, score_ptr, ape_ptr, kvs_ptr, ss_ptr, slot_ptr, kvd_ptr, sd_ptr, table_ptr, cu_ptr,
+                            pstart_ptr, cstart_ptr, width, kv_stride, score_stride, ape_stride, kvs_s0, kvs_s1, ss_s0,
+                            ss_s1, kvd_s0, kvd_s1, sd_s0, sd_s1, table_stride, ring, ratio, block_size,
+                            OVERLAP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+        """``_update_kernel`` and ``_capture_kernel`` of one token tile: the same writes, one launch."""
+        s = tl.program_id(0)
+        start = tl.load(cu_ptr + s)
+        n = tl.load(cu_ptr + s + 1) - start
+        j = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t = (start + j).to(tl.int64)
+        slot = tl.load(slot_ptr + s).to(tl.int64)
+        pos = tl.load(pstart_ptr + s) + j
+        ok = (j < n) & (j >= n - ring) & (slot >= 0)  # the ring keeps the chunk's last `ring` tokens
+        r = (pos % ring).to(tl.int64)
+        _put_kv_score(kv_ptr, score_ptr, ape_ptr, t, kv_stride, score_stride, (pos % ratio).to(tl.int64) * ape_stride,
+                      kvs_ptr, ss_ptr, slot * kvs_s0 + r * kvs_s1, slot * ss_s0 + r * ss_s1, ok, width, BLOCK_W)
+        cpos = tl.load(cstart_ptr + s) + j
+        first = block_size - OVERLAP
+        ok = (j < n) & (cpos % block_size >= first)
+        page = tl.load(table_ptr + s.to(tl.int64) * table_stride + cpos // block_size, mask=ok, other=-1)
+        ok = ok & (page >= 0)
+        page = page.to(tl.int64)
+        r = (cpos % block_size - first).to(tl.int64)
+        _put_kv_score(kv_ptr, score_ptr, ape_ptr, t, kv_stride, score_stride, (cpos % ratio).to(tl.int64) * ape_stride,
+                      kvd_ptr, sd_ptr, page * kvd_s0 + r * kvd_s1, page * sd_s0 + r * sd_s1, ok, width, BLOCK_W)
+
+    @triton.jit
     def _restore_kernel(kvs_ptr, ss_ptr, kvd_ptr, sd_ptr, src_ptr, slot_ptr, rpos_ptr, width, kvs_s0, kvs_s1,
                         ss_s0, ss_s1, kvd_s0, kvd_s1, sd_s0, sd_s1, ring, OVERLAP: tl.constexpr,
                         BLOCK_W: tl.constexpr):
@@ -270,6 +313,33 @@ def csa_boundary_capture(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tenso
                           score_dst.stride(0),
                           score_dst.stride(1), capture_table.stride(0), block_size, ape.shape[0],
                           OVERLAP=CSA_OVERLAP_ROWS, BLOCK_T=bt, BLOCK_W=bw)
+
+
+def csa_state_write(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, kv_state: torch.Tensor,
+                    score_state: torch.Tensor, state_slot: torch.Tensor, kv_dst: torch.Tensor, score_dst: torch.Tensor,
+                    capture_table: torch.Tensor, cu_seqlens: torch.Tensor, pos_start: torch.Tensor,
+                    capture_start: torch.Tensor, *, block_size: int) -> None:
+    """:func:`compressor_state_update` and :func:`csa_boundary_capture` of the same chunk in one launch.
+
+    Args:
+        kv, score, ape, kv_state, score_state, state_slot, cu_seqlens, pos_start: the update's.
+        kv_dst, score_dst, capture_table, block_size: the capture's; ``capture_start``: int32 ``[num_seqs]`` its
+            ``pos_start`` (the ring's moved back by whole blocks to the capture table's first column, or equal).
+    """
+    _check_update(kv, score, ape, kv_state, score_state, state_slot, cu_seqlens, pos_start)
+    max_len = _check_capture(kv, score, ape, kv_dst, score_dst, capture_table, cu_seqlens, capture_start, block_size)
+    check_index("capture_start", capture_start, tuple(pos_start.shape))
+    require_triton("csa_state_write")
+    if max_len == 0:
+        return
+    bt, bw = launch_tiles(kv.device, kv.shape[1])
+    grid = (capture_table.shape[0], triton.cdiv(max_len, bt))
+    _state_write_kernel[grid](
+        kv, score, ape, kv_state, score_state, state_slot, kv_dst, score_dst, capture_table, cu_seqlens, pos_start,
+        capture_start, kv.shape[1], kv.stride(0), score.stride(0), ape.stride(0), kv_state.stride(0),
+        kv_state.stride(1), score_state.stride(0), score_state.stride(1), kv_dst.stride(0), kv_dst.stride(1),
+        score_dst.stride(0), score_dst.stride(1), capture_table.stride(0), kv_state.shape[1], ape.shape[0],
+        block_size, OVERLAP=CSA_OVERLAP_ROWS, BLOCK_T=bt, BLOCK_W=bw)
 
 
 def csa_boundary_restore(kv_src: torch.Tensor, score_src: torch.Tensor, kv_state: torch.Tensor,

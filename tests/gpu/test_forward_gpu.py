@@ -47,7 +47,9 @@ def test_entry_pool_equals_the_reference_at_csa_geometry(gen):
     ring_row[fresh >= 0] = -1
     fresh[:4, :ring], ring_row[:4, :ring] = -1, -1  # the first block's missing previous half
     col = torch.tensor([0] * ring + [width] * ring, dtype=torch.int32)
-    args = (kv, score, ring_kv, ring_score, fresh.to(DEV), ring_row.to(DEV), col.to(DEV))
+    ape = torch.randn(4, full, generator=gen).to(DEV)
+    positions = torch.randint(0, 100_000, (tokens,), generator=gen, dtype=torch.int32).to(DEV)
+    args = (kv, score, ape, positions, ring_kv, ring_score, fresh.to(DEV), ring_row.to(DEV), col.to(DEV))
     torch.testing.assert_close(entry_pool(*args, width=width), entry_pool_ref(*args, width=width),
                                rtol=1e-5, atol=1e-5)
 

@@ -51,6 +51,11 @@ def test_compressor_state_capture_and_restore_equal_the_references(gen):
     cs.csa_boundary_capture(kv, score, ape, dst[0], dst[1], tab, cu, pos_start, block_size=BS)
     cs.csa_boundary_capture_ref(kv, score, ape, dst[2], dst[3], tab, cu, pos_start, block_size=BS)
     assert same_bits(dst[0], dst[2]) and same_bits(dst[1], dst[3])
+    both = [torch.full((4, 8, 2 * D), float("nan"), device=DEV) for _ in range(2)] + \
+        [torch.full((80, 4, 2 * D), float("nan"), device=DEV) for _ in range(2)]
+    cs.csa_state_write(kv, score, ape, both[0], both[1], slots, both[2], both[3], tab, cu, pos_start, pos_start,
+                       block_size=BS)  # the update and the capture in one launch: the same bits
+    assert all(same_bits(a, b) for a, b in zip(both, (states[2], states[3], dst[2], dst[3])))
     src = torch.tensor([int(tab[0, 1]), 5, -1], dtype=torch.int32, device=DEV)
     resume = torch.tensor([256, 128, 512], dtype=torch.int32, device=DEV)
     fresh = [torch.full((4, 8, 2 * D), float("nan"), device=DEV) for _ in range(4)]

@@ -6,7 +6,7 @@ from support.kernels import assert_same_bits, i32, ragged, random_rows
 
 from atom.kernels.compressor_state import (compressor_state_update, compressor_state_update_ref,
                                            csa_boundary_capture, csa_boundary_capture_ref, csa_boundary_restore,
-                                           csa_boundary_restore_ref)
+                                           csa_boundary_restore_ref, csa_state_write, csa_state_write_ref)
 
 BS = 16  # tokens per block (tiny model: lcm of ratios 4 and 16)
 NAN = float("nan")
@@ -99,6 +99,30 @@ def test_triton_capture_equals_the_reference(width, gen):
     assert_same_bits(bufs[0][0], bufs[2][0])
     assert_same_bits(bufs[1][0], bufs[3][0])
     assert int((~bufs[2][1].isnan()).any(-1).sum()) > 8
+
+
+@pytest.mark.parametrize("write", [csa_state_write, csa_state_write_ref], ids=["triton", "torch"])
+@pytest.mark.parametrize("width", [8, 20])
+def test_one_state_write_equals_the_update_then_the_capture(write, width, gen):
+    """Ragged chunks (one crossing three blocks, one empty), a skipped slot, missing pages, strided rows (the
+    kv / score columns of one projection) and capture positions moved back by whole blocks."""
+    lens, starts = [37, 4, 0, 14, 2], [3, 12, 7, 18, 46]
+    cu, pos_start = ragged(lens, starts)
+    rows = random_rows(sum(lens), 2 * width, torch.float32, gen)
+    kv, score, ape = rows[:, :width], rows[:, width:], random_rows(4, width, torch.float32, gen)
+    slots = i32([2, -1, 4, 0, 3])
+    table = i32([[0, 1, 2, 3], [4, -1, 5, 6], [7, 8, 9, 10], [-1, 11, 12, -1], [10, 11, 12, -1]])
+    capture_start = pos_start - i32([0, 0, 0, 16, 32])  # the table's first column is the chunk's first block
+    got_state, want_state = nan_state(5, 8, width), nan_state(5, 8, width)
+    got_dst = [strided_boundary(13, width) for _ in range(2)]
+    want_dst = [strided_boundary(13, width) for _ in range(2)]
+    write(kv, score, ape, *got_state, slots, got_dst[0][1], got_dst[1][1], table, cu, pos_start, capture_start,
+          block_size=BS)
+    compressor_state_update_ref(kv, score, ape, *want_state, slots, cu, pos_start)
+    csa_boundary_capture_ref(kv, score, ape, want_dst[0][1], want_dst[1][1], table, cu, capture_start, block_size=BS)
+    for got, want in zip(got_state + (got_dst[0][0], got_dst[1][0]), want_state + (want_dst[0][0], want_dst[1][0])):
+        assert_same_bits(got, want)
+    assert int((~want_dst[0][1].isnan()).any(-1).sum()) > 8 and int((~want_state[0].isnan()).any(-1).sum()) > 8
 
 
 def test_restore_reference_equals_a_row_loop(gen):

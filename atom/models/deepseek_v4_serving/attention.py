@@ -14,8 +14,8 @@ Per layer and step, in this order (each step of it through a kernel of :mod:`ato
 3. compressor state. CSA: clear the ring of a newly admitted request, ``csa_boundary_restore`` the
    overlap rows from the SWA page of a prefix hit's last block, pool every entry the chunk completes
    (rows from the ring for positions before the chunk, from the fresh projections inside it), then
-   ``compressor_state_update`` the ring and ``csa_boundary_capture`` the overlap rows of blocks whose
-   last 4 positions ran (into each block's own SWA page, -1 = skip). HCA: ``hca_state_update``
+   ``csa_state_write``: the ring update and the capture of the overlap rows of blocks whose last 4
+   positions ran (into each block's own SWA page, -1 = skip), one launch. HCA: ``hca_state_update``
    advances the request's online softmax accumulator in position order and yields the pooled row of
    every block the chunk completes (see :mod:`atom.kernels.hca_state`);
 4. ``compressed_write`` the finished entries (and indexer keys) into compress-owned pages;
@@ -153,10 +153,10 @@ class ArenaAttention(AttentionWeights):
 
     # ---- compressor state ---------------------------------------------------------------------
     def _bind_compressors(self, fused: bool) -> None:
-        """The state kernels (``compressor_state_update``, ``csa_boundary_capture``, ``hca_state_update``,
-        ``entry_pool``) add each compressor's ``ape[pos % m]`` to the projected scores, so the projections leave
-        it out (``Compressor.kernels_add_ape``): no remainder, gather and add per compressor and step. Each
-        kernel applies the one fp32 add the projection did, so rings, captures and entries keep their bits.
+        """The state kernels (``csa_state_write``, ``hca_state_update``, ``entry_pool``) add each compressor's
+        ``ape[pos % m]`` to the projected scores, so the projections leave it out (``Compressor.kernels_add_ape``):
+        no remainder, gather and add per compressor and step. Each kernel applies the one fp32 add the projection
+        did, so rings, captures and entries keep their bits.
         ``fused`` (a GPU backend): each compressor's ``wkv`` and ``wgate`` as one GEMM
         (``Compressor.bind_fused_gemm``)."""
         for comp in (self.compressor, None if self.indexer is None else self.indexer.compressor):
@@ -225,13 +225,13 @@ class ArenaAttention(AttentionWeights):
                 return
             kv, score, cu, start, longest = kv[sub.rows], score[sub.rows], sub.cu_seqlens, sub.pos_start, sub.max_len
         state = self.views.state[self.layer_id] if which == "main" else self.views.index_state[self.layer_id]
-        self.k.compressor_state_update(kv, score, comp.ape, state[0], state[1], step.slots, cu, start)
         csa = self.views.csa[self.layer_id]
         dst = (csa.main_kv, csa.main_score) if which == "main" else (csa.index_kv, csa.index_score)
         window = lambda: _table_window(tables.swa, step.rows, start, longest, self.block_size)  # noqa: E731
-        swa_pages, start = window() if sub is not None else step.derive(("capture_window", self.block_size), window)
-        self.k.csa_boundary_capture(kv, score, comp.ape, dst[0], dst[1], swa_pages, cu, start,
-                                    block_size=self.block_size)
+        pages, at = window() if sub is not None else step.derive(("capture_window", self.block_size), window)
+        # compressor_state_update and csa_boundary_capture of the same rows, one launch
+        self.k.csa_state_write(kv, score, comp.ape, state[0], state[1], step.slots, dst[0], dst[1], pages, cu, start,
+                               at, block_size=self.block_size)
 
     def commit(self, accepted: RowSubset, step: StepInputs, tables: PageTables) -> None:
         """After verification: advance the compressor state over the accepted drafts (``accepted`` selects
