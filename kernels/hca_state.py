@@ -34,8 +34,9 @@ import torch
 
 from atom.kv_group import HCA_STATE_ROWS  # running max, running sum of exp, running weighted sum
 
-from ._common import (HAS_TRITON, check_index, check_positive, check_range, check_rows, check_same_device,
-                      launch_tiles, masked_put, require_triton, triton, tl)
+from ._common import (HAS_TRITON, Redirect, check_index, check_positive, check_range, check_rows,
+                      check_same_device, launch_tiles, masked_redirect, put_redirected, require_triton, triton, tl)
+from .step_memo import memoized
 from .swa_write import check_ragged
 
 __all__ = ["hca_state_update", "hca_state_update_ref", "HCA_STATE_ROWS", "empty_hca_state"]
@@ -107,28 +108,38 @@ def hca_state_update_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tenso
     ratio = ape.shape[0]
     if max_len == 0 or state_slot.shape[0] == 0:
         return
-    seq, block, lo, hi, tok_base, is_last, live = _segments(cu_seqlens, pos_start, state_slot, ratio, max_len)
-    slot = state_slot.long()[seq].clamp(min=0)
-    fresh = (lo % ratio == 0)[:, None]
+    slot, fresh, offsets, final = _plan(cu_seqlens, pos_start, state_slot, ratio, max_len, kv.shape[0])
     start = acc[slot]
     m = torch.where(fresh, float("-inf"), start[:, 0])
     l = torch.where(fresh, 0.0, start[:, 1])
     a = torch.where(fresh, 0.0, start[:, 2])
-    last_tok = kv.shape[0] - 1
-    for off in range(min(ratio, max_len)):
-        pos = lo + off
-        on = live & (pos < hi)
-        t = (tok_base + pos).clamp(0, last_tok)
-        s = score[t] + ape[pos % ratio]
+    for t, ape_row, upd, finished in offsets:
+        s = score[t] + ape[ape_row]
         m_new = torch.maximum(m, s)
         c = torch.exp(m - m_new)
         p = torch.exp(s - m_new)
-        upd = on[:, None]
         l = torch.where(upd, l * c + p, l)
         a = torch.where(upd, a * c + p * kv[t], a)
         m = torch.where(upd, m_new, m)
-        masked_put(pooled, (t,), a / l, on & (pos % ratio == ratio - 1))
-    masked_put(acc, (slot,), torch.stack((m, l, a), dim=1), is_last)
+        put_redirected(((pooled, a / l),), finished)
+    put_redirected(((acc, torch.stack((m, l, a), dim=1)),), final)
+
+
+@memoized
+def _plan(cu_seqlens: torch.Tensor, pos_start: torch.Tensor, state_slot: torch.Tensor, ratio: int, max_len: int,
+          num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple], Redirect]:
+    """The index arithmetic of :func:`hca_state_update_ref`, once per step (:mod:`.step_memo`): each segment's
+    state slot and whether it starts empty, per offset into the segments (token, ape row, ``[S, 1]`` update
+    mask, the redirect of the pooled rows it finishes), and the redirect of the state write-back."""
+    seq, block, lo, hi, tok_base, is_last, live = _segments(cu_seqlens, pos_start, state_slot, ratio, max_len)
+    slot = state_slot.long()[seq].clamp(min=0)
+    offsets = []
+    for off in range(min(ratio, max_len)):
+        pos = lo + off
+        on = live & (pos < hi)
+        t = (tok_base + pos).clamp(0, num_tokens - 1)
+        offsets.append((t, pos % ratio, on[:, None], masked_redirect((t,), on & (pos % ratio == ratio - 1))))
+    return slot, (lo % ratio == 0)[:, None], offsets, masked_redirect((slot,), is_last)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -43,12 +43,6 @@ def step_memo() -> Iterator[None]:
         _MEMO.reset(token)
 
 
-def _key(arg: Any) -> Any:
-    if isinstance(arg, torch.Tensor):
-        return (id(arg), arg._version)
-    return arg
-
-
 def memoized(fn: F) -> F:
     """``fn`` computed once per distinct positional arguments inside :func:`step_memo` (see the module
     docstring); inference-mode tensors (no version counter) bypass the memo."""
@@ -56,9 +50,17 @@ def memoized(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any) -> Any:
         memo = _MEMO.get()
-        if memo is None or any(isinstance(a, torch.Tensor) and a.is_inference() for a in args):
+        if memo is None:
             return fn(*args)
-        key = (fn, *map(_key, args))
+        key = [fn]
+        for a in args:  # one loop, no call per argument: the wrapper runs for every reference call of a step
+            if isinstance(a, torch.Tensor):
+                if a.is_inference():
+                    return fn(*args)
+                key.append((id(a), a._version))  # a pair: never equal to a plain argument
+            else:
+                key.append(a)
+        key = tuple(key)
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = (args, fn(*args))  # the arguments are held: their ids stay unique in the scope
