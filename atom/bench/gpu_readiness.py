@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cases {args.cases!r} names no case; cases: {', '.join(c.name for c in CASES)}")
     models: dict[tuple[str, bool], DeepseekV4ForServing] = {}
     totals: Counter[str] = Counter()
-    print(f"{'case':24s} {'step':18s} {'h2d':>6s} {'syncs':>6s} {'data_dep':>8s} {'staged':>6s} {'token_rd':>8s}")
+    print(f"{'case':26s} {'step':18s} {'h2d':>6s} {'syncs':>6s} {'data_dep':>8s} {'staged':>6s} {'token_rd':>8s}")
     with fake_cuda() as mode, torch.no_grad():
         for case in chosen:
             if case.tp > 1:
@@ -319,7 +319,7 @@ def _report(name: str, counter: DeviceAccessCounter, step: str, totals: Counter[
     frequent sites per counted kind); add it to ``totals``."""
     c = counter.counts()
     totals.update({k: c[k] for k in ("h2d", "syncs", "data_dependent")})
-    print(f"{name:24s} {step:18s} {c['h2d']:6d} {c['syncs']:6d} {c['data_dependent']:8d} {c['staged_h2d']:6d} "
+    print(f"{name:26s} {step:18s} {c['h2d']:6d} {c['syncs']:6d} {c['data_dependent']:8d} {c['staged_h2d']:6d} "
           f"{c['token_reads']:8d}", flush=True)
     for kind in ("h2d", "syncs", "data_dependent"):
         for site, n in counter.sites(kind).most_common(stacks):
