@@ -190,7 +190,8 @@ def variants(g: Geometry) -> list[Variant]:
             add("moe", f"fused_moe {fmt} T={m} E={g.experts} k={g.topk} I={g.moe_inter} D={g.hidden}",
                 lambda fmt=fmt, m=m: fused_moe.fused_moe(
                     _bf16(m, g.hidden), _f32(m, g.topk), _i32(m, g.topk), *_stacked_experts(g, fmt),
-                    limit=10.0, act_blocks=(128, 128)), _moe_permute_kernel="permute")  # a counting sort: no dot
+                    limit=10.0, act_blocks=(128, 128), shared=_bf16(m, g.hidden)),  # as the serving MoE calls it
+                _moe_permute_kernel="permute")  # a counting sort: no dot
     add("kv write", "swa_write fp8_ds_mla", lambda: swa_write.swa_write(
         _bf16(t, g.head_dim), main_rows, table, seqs, start, block_size=128, row_stride=128, codec=rc))
     freqs = _f32(g.rope_dim // 2)
@@ -254,8 +255,8 @@ def variants(g: Geometry) -> list[Variant]:
         _bf16(t, g.moe_inter), 128))
     add("small ops", f"rms_norm per-head fp32 H={g.heads} D={g.head_dim}", lambda: rms_norm.rms_norm(
         _f32(t, g.heads, g.head_dim), None, 1e-6))
-    add("small ops", f"swiglu I={g.moe_inter}", lambda: swiglu.swiglu(
-        _bf16(t, g.moe_inter), _bf16(t, g.moe_inter), 10.0, torch.bfloat16))
+    add("small ops", f"swiglu I={g.moe_inter}", lambda: swiglu.swiglu(  # the halves of the merged w1 / w3 product
+        *_bf16(t, 2 * g.moe_inter).split(g.moe_inter, dim=-1), 10.0, torch.bfloat16))
     add("small ops", f"rope q H={g.heads} D={g.head_dim} R={g.rope_dim}", lambda: rope.rope(
         q, _i64(t), _f32(g.rope_dim // 2), True))
     add("small ops", f"rms_norm_rope q H={g.heads} D={g.head_dim} R={g.rope_dim}", lambda: rope.rms_norm_rope(
@@ -265,6 +266,8 @@ def variants(g: Geometry) -> list[Variant]:
         _bf16(t, g.hc, g.hidden), _f32(mix, g.hc * g.hidden), _f32(3), _f32(mix), 20, 1e-6, 1e-6))
     add("small ops", f"moe_route E={g.experts} k={g.topk}", lambda: moe_route.moe_route(
         _f32(t, g.experts), _f32(g.experts), None, g.topk, "sqrtsoftplus", 1.5))
+    add("small ops", f"moe_route hash E={g.experts} k={g.topk}", lambda: moe_route.moe_route(
+        _f32(t, g.experts), None, _i64(1024, g.topk), g.topk, "sqrtsoftplus", 1.5, token_ids=_i64(t)))
     add("small ops", f"hc_post hc={g.hc} D={g.hidden}", lambda: hc_post.hc_post(
         _bf16(t, g.hidden), _bf16(t, g.hc, g.hidden), _f32(t, g.hc), _f32(t, g.hc, g.hc)))
     add("codec", "fp8_ds_mla_quantize", lambda: fp8_ds_mla.fp8_ds_mla_quantize(
