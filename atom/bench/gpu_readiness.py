@@ -8,7 +8,7 @@ linears, MXFP4 routed experts, ``quant_sim`` on, ``fp8_ds_mla`` KV rows), places
 on a ``cuda`` device of fake tensors (:mod:`atom.bench.fake_device`) and runs the engine's steps with the
 Triton kernel wrappers (checks, shapes and output allocation run; the launch itself is skipped). Each case
 runs uncounted steps until its requests are in the state the named step needs, then counts one step whose
-batch must be of the named kind (:mod:`atom.bench.measured_step`: every request decoding for a decode case,
+batch must be of the named kind (:mod:`atom.bench.step_kinds`: every request decoding for a decode case,
 drafts on every request for the verify case, decode rows beside a prefill chunk for the mixed case; any
 other step is an error, not a figure). Inside that step's ``ModelRunner.execute`` (tables, inputs, forward,
 sampling, drafting) it counts:
@@ -51,7 +51,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from atom.bench.fake_device import DeviceAccessCounter, fake_cuda, to_fake_cuda
 from atom.bench.forward import thin_config
-from atom.bench.measured_step import check_step, describe_step, warm_up
+from atom.bench.step_kinds import check_step, describe_step, warm_up
 from atom.comm import Comm
 from atom.config import CacheConfig, SchedulerConfig
 from atom.kv.block_manager import BlockManager

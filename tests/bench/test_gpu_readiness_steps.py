@@ -6,7 +6,7 @@ import pytest
 
 from atom.bench.gpu_readiness import CASES, Case, add_prompts, case_scheduler, measure, release_config
 from atom.bench.fake_device import DeviceAccessCounter
-from atom.bench.measured_step import check_step, step_kind, warm_up
+from atom.bench.step_kinds import check_step, step_kind, warm_up
 from atom.model_engine.llm_engine import LLMEngine
 from atom.sampling_params import SamplingParams
 from atom.step_contract import RunnerOutput, ScheduledBatch, ScheduledSeq
