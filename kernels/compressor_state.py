@@ -191,6 +191,21 @@ if HAS_TRITON:
             tl.store(score_dst_ptr + score_dst_off[:, None] + w[None, :], x + a, mask=m)
 
     @triton.jit
+    def _capture_tile(kv_ptr, score_ptr, ape_ptr, kvd_ptr, sd_ptr, table_ptr, s, t, j, n, pos, width, kv_stride,
+                      score_stride, ape_stride, kvd_s0, kvd_s1, sd_s0, sd_s1, table_stride, block_size, ratio,
+                      OVERLAP: tl.constexpr, BLOCK_W: tl.constexpr):
+        """Sequence ``s``'s tokens ``t`` (tile offsets ``j`` of its ``n``, positions ``pos``) that fall in the last
+        ``OVERLAP`` positions of a block: their rows (``ape`` added) into that block's capture page."""
+        first = block_size - OVERLAP
+        ok = (j < n) & (pos % block_size >= first)
+        page = tl.load(table_ptr + s.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
+        ok = ok & (page >= 0)
+        page = page.to(tl.int64)
+        r = (pos % block_size - first).to(tl.int64)
+        _put_kv_score(kv_ptr, score_ptr, ape_ptr, t, kv_stride, score_stride, (pos % ratio).to(tl.int64) * ape_stride,
+                      kvd_ptr, sd_ptr, page * kvd_s0 + r * kvd_s1, page * sd_s0 + r * sd_s1, ok, width, BLOCK_W)
+
+    @triton.jit
     def _update_kernel(kv_ptr, score_ptr, ape_ptr, kvs_ptr, ss_ptr, slot_ptr, cu_ptr, pstart_ptr, width,
                        kv_stride, score_stride, ape_stride, kvs_s0, kvs_s1, ss_s0, ss_s1, ring, ratio,
                        BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
@@ -215,15 +230,9 @@ if HAS_TRITON:
         n = tl.load(cu_ptr + s + 1) - start
         j = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
         pos = tl.load(pstart_ptr + s) + j
-        first = block_size - OVERLAP
-        ok = (j < n) & (pos % block_size >= first)
-        page = tl.load(table_ptr + s.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
-        ok = ok & (page >= 0)
-        page = page.to(tl.int64)
-        r = (pos % block_size - first).to(tl.int64)
-        t = (start + j).to(tl.int64)
-        _put_kv_score(kv_ptr, score_ptr, ape_ptr, t, kv_stride, score_stride, (pos % ratio).to(tl.int64) * ape_stride,
-                      kvd_ptr, sd_ptr, page * kvd_s0 + r * kvd_s1, page * sd_s0 + r * sd_s1, ok, width, BLOCK_W)
+        _capture_tile(kv_ptr, score_ptr, ape_ptr, kvd_ptr, sd_ptr, table_ptr, s, (start + j).to(tl.int64), j, n, pos,
+                      width, kv_stride, score_stride, ape_stride, kvd_s0, kvd_s1, sd_s0, sd_s1, table_stride,
+                      block_size, ratio, OVERLAP, BLOCK_W)
 
     @triton.jit
     def _state_write_kernel(kv_ptr, score_ptr, ape_ptr, kvs_ptr, ss_ptr, slot_ptr, kvd_ptr, sd_ptr, table_ptr, cu_ptr,
@@ -243,14 +252,9 @@ if HAS_TRITON:
         _put_kv_score(kv_ptr, score_ptr, ape_ptr, t, kv_stride, score_stride, (pos % ratio).to(tl.int64) * ape_stride,
                       kvs_ptr, ss_ptr, slot * kvs_s0 + r * kvs_s1, slot * ss_s0 + r * ss_s1, ok, width, BLOCK_W)
         cpos = tl.load(cstart_ptr + s) + j
-        first = block_size - OVERLAP
-        ok = (j < n) & (cpos % block_size >= first)
-        page = tl.load(table_ptr + s.to(tl.int64) * table_stride + cpos // block_size, mask=ok, other=-1)
-        ok = ok & (page >= 0)
-        page = page.to(tl.int64)
-        r = (cpos % block_size - first).to(tl.int64)
-        _put_kv_score(kv_ptr, score_ptr, ape_ptr, t, kv_stride, score_stride, (cpos % ratio).to(tl.int64) * ape_stride,
-                      kvd_ptr, sd_ptr, page * kvd_s0 + r * kvd_s1, page * sd_s0 + r * sd_s1, ok, width, BLOCK_W)
+        _capture_tile(kv_ptr, score_ptr, ape_ptr, kvd_ptr, sd_ptr, table_ptr, s, t, j, n, cpos, width, kv_stride,
+                      score_stride, ape_stride, kvd_s0, kvd_s1, sd_s0, sd_s1, table_stride, block_size, ratio,
+                      OVERLAP, BLOCK_W)
 
     @triton.jit
     def _restore_kernel(kvs_ptr, ss_ptr, kvd_ptr, sd_ptr, src_ptr, slot_ptr, rpos_ptr, width, kvs_s0, kvs_s1,

@@ -85,10 +85,16 @@ def run_ranks(model_dir: str | Path, parallel: ParallelConfig, out_dir: str | Pa
     saw per mode (``tokens`` (rank 0), ``logits`` of every step, ``buckets``, ``graphs`` captured)."""
     if parallel.world_size != RANKS or parallel.data_parallel_size != 1:
         raise ValueError(f"run_ranks runs {RANKS} tensor-parallel ranks (data_parallel_size 1), got {parallel}")
+    return spawn_saved_ranks(_rank_main, (str(model_dir), parallel, str(out_dir)), RANKS, out_dir, timeout)
+
+
+def spawn_saved_ranks(target, args: tuple, size: int, out_dir: str | Path, timeout: float) -> list:
+    """Run ``target(rank, init_method, *args)`` in ``size`` spawned processes of one group and load what each
+    saved to ``out_dir / rank{r}.pt``; a rank still running after ``timeout`` seconds is killed, and any rank
+    that did not exit with status 0 is a RuntimeError naming every rank's exit code."""
     init_method = f"tcp://127.0.0.1:{free_port()}"
     ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, init_method, str(model_dir), parallel, str(out_dir)), daemon=True)
-             for r in range(RANKS)]
+    procs = [ctx.Process(target=target, args=(r, init_method, *args), daemon=True) for r in range(size)]
     for p in procs:
         p.start()
     for p in procs:
@@ -97,9 +103,9 @@ def run_ranks(model_dir: str | Path, parallel: ParallelConfig, out_dir: str | Pa
         if p.is_alive():
             p.kill()
     codes = [p.exitcode for p in procs]
-    if codes != [0] * RANKS:
+    if codes != [0] * size:
         raise RuntimeError(f"rank processes exited with {codes}")
-    return [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(RANKS)]
+    return [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(size)]
 
 
 def rank_runs(seen: dict[str, dict]) -> dict[str, CaseRun]:

@@ -5,27 +5,14 @@ tokens with one ``mm`` fewer per compressor and step; the torch backend keeps th
 import pytest
 import torch
 
-from atom.bench.kernel_count import KernelCounter
 from atom.models.deepseek_v4.compressor import Compressor
-from atom.sampling_params import SamplingParams
+from support.counted_runs import counted_greedy_run
 
 PROMPT = [(31 * i + 5) % 500 + 1 for i in range(21)]  # crosses the tiny model's 16-token block and its HCA block
 
 
 def compressors(engine) -> list[Compressor]:
     return [m for m in engine.runner.model.modules() if isinstance(m, Compressor)]
-
-
-def run(engine) -> tuple[list[int], list[torch.Tensor], KernelCounter, int]:
-    """(greedy tokens, logits of every step, launches counted, forward steps) of one request to completion."""
-    seq = engine.sequence(engine.add_request(PROMPT, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)))
-    logits, steps = [], 0
-    with KernelCounter() as count:
-        while engine.has_unfinished_requests():
-            step = engine.step_detailed()
-            steps += 1
-            logits += [step.output.logits[item.seq_id].clone() for item in step.batch.seqs]
-    return seq.output_token_ids, logits, count, steps
 
 
 def test_every_backend_adds_ape_in_the_kernels_and_only_triton_merges_the_compressor_gemms(make_engine):
@@ -42,8 +29,8 @@ def test_on_triton_the_merged_gemm_gives_the_two_gemms_tokens_with_one_mm_fewer_
     separate = make_engine(backend="triton", budget=24)
     for comp in compressors(separate):
         comp.bind_fused_gemm(False)
-    tokens, logits, count, steps = run(merged)
-    want_tokens, want_logits, want_count, want_steps = run(separate)
+    tokens, logits, count, steps = counted_greedy_run(merged, PROMPT, 3)
+    want_tokens, want_logits, want_count, want_steps = counted_greedy_run(separate, PROMPT, 3)
     assert tokens == want_tokens and steps == want_steps and len(logits) == len(want_logits) > 0
     for got, want in zip(logits, want_logits):  # the same fp32 products; a wider GEMM may sum in another order
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -6,27 +6,14 @@ the reference's ops."""
 import pytest
 import torch
 
-from atom.bench.kernel_count import KernelCounter
 from atom.models.deepseek_v4_serving.attention import ArenaAttention
-from atom.sampling_params import SamplingParams
+from support.counted_runs import counted_greedy_run
 
 PROMPT = [(29 * i + 7) % 500 + 1 for i in range(20)]  # crosses the tiny model's 16-token block
 
 
 def attention_layers(engine) -> list[ArenaAttention]:
     return [m for m in engine.runner.model.modules() if isinstance(m, ArenaAttention)]
-
-
-def run(engine) -> tuple[list[int], list[torch.Tensor], KernelCounter, int]:
-    """(greedy tokens, logits of every step, launches counted, forward steps) of one request to completion."""
-    seq = engine.sequence(engine.add_request(PROMPT, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)))
-    logits, steps = [], 0
-    with KernelCounter() as count:
-        while engine.has_unfinished_requests():
-            step = engine.step_detailed()
-            steps += 1
-            logits += [step.output.logits[item.seq_id].clone() for item in step.batch.seqs]
-    return seq.output_token_ids, logits, count, steps
 
 
 def test_the_torch_backend_keeps_the_unfused_write_and_the_triton_backend_fuses_it(make_engine):
@@ -41,8 +28,8 @@ def test_on_triton_the_fused_write_gives_the_unfused_paths_logits_and_arena_byte
     unfused = make_engine(backend="triton", kv_cache_dtype=rows, quant_sim=quant_sim, budget=24)
     for layer in attention_layers(unfused):
         layer.fuse_kv_write = False  # the path before the fusion: kv_norm and rope kernels, round trip, swa_write
-    tokens, logits, count, steps = run(fused)
-    want_tokens, want_logits, want_count, want_steps = run(unfused)
+    tokens, logits, count, steps = counted_greedy_run(fused, PROMPT, 2)
+    want_tokens, want_logits, want_count, want_steps = counted_greedy_run(unfused, PROMPT, 2)
     assert tokens == want_tokens and steps == want_steps and len(logits) == len(want_logits) > 0
     assert all(torch.equal(a, b) for a, b in zip(logits, want_logits))
     assert torch.equal(fused.runner.views.buffer, unfused.runner.views.buffer)

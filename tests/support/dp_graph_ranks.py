@@ -15,6 +15,7 @@ from atom.parallel.dp_runner import DataParallelRunner, serve_replica_steps
 from atom.parallel.process_group import join
 from atom.parallel.worker import RankSpec, build_rank_runner
 from atom.testing.graph_emulation import cuda_graph_emulation
+from atom.testing.graph_ranks import spawn_saved_ranks
 from support.dp_lockstep import DECODE, PROMPTS, add_requests, engine_config, scheduler_for
 
 MODES = ("graph", "padded", "eager")
@@ -62,18 +63,4 @@ def dp_graph_rank(rank: int, init: str, model_dir: str, out_dir: str) -> None:
 
 def dp_graph_runs(model_dir, out_dir, timeout: float = 1800.0) -> list[dict[str, dict]]:
     """What each of the 2 ranks saw per mode."""
-    from atom.parallel.process_group import free_port
-
-    init = f"tcp://127.0.0.1:{free_port()}"
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=dp_graph_rank, args=(r, init, str(model_dir), str(out_dir)), daemon=True)
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0], [p.exitcode for p in procs]
-    return [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(2)]
+    return spawn_saved_ranks(dp_graph_rank, (str(model_dir), str(out_dir)), 2, out_dir, timeout)
