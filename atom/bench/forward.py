@@ -141,9 +141,9 @@ def measured_step(model: DeepseekV4ForServing, prompts: list[list[int]], decode:
     return runner, batch
 
 
-def counted_forward(runner: ModelRunner, batch: object, counter_class: type) -> object:
-    """The counter (``counter_class()``) that was active around the model forward of ``runner.execute(batch)``
-    (inputs and sampling are outside it)."""
+def counted_forward(runner: ModelRunner, batch: object, counter_class: type) -> tuple[object, object]:
+    """``(counter, output)`` of ``runner.execute(batch)``: the counter (``counter_class()``) that was active
+    around the model forward (inputs and sampling are outside it) and what the step returned."""
     inner, seen = runner._forward, []
 
     def counted(step):
@@ -154,10 +154,10 @@ def counted_forward(runner: ModelRunner, batch: object, counter_class: type) -> 
 
     runner._forward = counted
     try:
-        runner.execute(batch)
+        output = runner.execute(batch)
     finally:
         runner._forward = inner
-    return seen[0]
+    return seen[0], output
 
 
 def engine_step(model: DeepseekV4ForServing, prompts: list[list[int]], repeats: int,
@@ -165,7 +165,7 @@ def engine_step(model: DeepseekV4ForServing, prompts: list[list[int]], repeats: 
     """(aten ops, estimated launches and host syncs in the forward, wall ms of the step) for the step that
     decodes every request (``decode``) or for the first (prefill) step."""
     runner, batch = measured_step(model, prompts, decode)
-    c = counted_forward(runner, batch, OpCounter)
+    c, _ = counted_forward(runner, batch, OpCounter)
     ms = timed(lambda: runner.execute(batch), repeats)  # a decode/prefill step re-run writes the same rows
     return c.total, c.launches, c.syncs, ms
 
@@ -231,7 +231,7 @@ def kernel_counts(kind: str, context: int, prefill: int, run_triton: bool = Fals
                                       fill_backend="torch")
         for block in model.layers:  # the experts are stacked once per model, at its first fused forward: not
             block.ffn.expert_stack()  # a cost of the step (the torch backend's prefill did not stack them)
-        c = counted_forward(runner, batch, lambda: KernelCounter(run_triton=run_triton))
+        c, _ = counted_forward(runner, batch, lambda: KernelCounter(run_triton=run_triton))
         counts[name] = c.total // n
         top = ", ".join(f"{op} {k // n}" for op, k in c.aten.most_common(6))
         print(f"{name:>12}: {c.total // n} kernels per layer ({c.triton // n} Triton launches; aten: {top})",

@@ -5,7 +5,7 @@ chunk length, counted with a TorchDispatchMode."""
 import pytest
 import torch
 
-from atom.bench.forward import make_engine, prompt
+from atom.bench.forward import counted_forward, make_engine, prompt
 from atom.bench.op_count import SYNC_OPS, OpCounter
 from atom.models.deepseek_v4.checkpoint import random_state_dict
 from atom.models.deepseek_v4.config import DeepseekV4Config
@@ -31,23 +31,7 @@ def decode_step_ops(model, batch_size):
     engine.step()  # the prefill of every request
     runner, batch = engine.runner, engine.scheduler.schedule()  # the decode step, run below by the runner alone
     assert len(batch.seqs) == batch_size and all(s.num_tokens == 1 for s in batch.seqs)
-    return counted_step(runner, batch)
-
-
-def counted_step(runner, batch):
-    """(the ops of the model forward inside ``runner.execute(batch)``, the RunnerOutput)."""
-    inner, counters = runner._forward, []
-
-    def counted(step):
-        with OpCounter() as c:
-            out = inner(step)
-        counters.append(c)
-        return out
-
-    runner._forward = counted
-    out = runner.execute(batch)
-    runner._forward = inner
-    return counters[0], out
+    return counted_forward(runner, batch, OpCounter)
 
 
 @pytest.mark.slow
@@ -66,7 +50,7 @@ def prefill_ops(model, num_tokens):
     """Ops of the forward of one request's first prefill chunk of ``num_tokens`` tokens."""
     engine = make_engine(model, 1, 128, num_tokens)
     engine.add_request(prompt(num_tokens, 0), SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-    return counted_step(engine.runner, engine.scheduler.schedule())[0]
+    return counted_forward(engine.runner, engine.scheduler.schedule(), OpCounter)[0]
 
 
 @pytest.mark.slow
