@@ -5,24 +5,31 @@
                                        [--peer vllm]
 
 First a per-operation table (admit, 8K prefill chunk, decode, free, and with the whole arena cached
-the eviction room check and a chunk reclaim; median microseconds per call in a run)
-for the workloads of :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
+the eviction room check and a chunk reclaim; microseconds per call) for the workloads of
+:mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
 Every configuration runs ``--reps`` times (default 5), round-robin: the first run of every configuration
 of a table, then the second, and so on, so that a burst of load from other processes lands in one
 run of several configurations instead of every run of one. Garbage is collected before each run and
-the collector is frozen while it is timed (objects built for the run are not walked again; see
-:func:`atom.bench.control_plane_ops.frozen_gc`). A table figure is the lowest of its runs' figures:
-other processes only ever add CPU time to a run (they share the cores' caches and execution units),
-so the least disturbed run is the closest to the code's own cost (on the shared development machine
-the lowest of five runs moved less between invocations than their median did: docs/benchmarks.md). Each row's
-``spread`` is the largest (max - min) / min of its figures over the runs: what the runs disagreed by.
+the collector is frozen and off while it is timed (see :func:`atom.bench.control_plane_ops.frozen_gc`).
+
+A run is a fixed sequence of calls (or steps), the same in every run, each timed on its own: the
+k-th sample of every run measures the same work. A table figure is, per call, the lowest of its
+runs' samples, then the median over the calls (:func:`_lowest_per_call`). Other processes only ever
+add time to a sample (they take the CPU, its caches and execution units), so the lowest of a call's
+samples is the nearest to the code's own cost, and a call needs only one undisturbed run of the
+``--reps``; the median over calls keeps the figure the cost of a typical call (the first admission
+of a shared prefix, which computes it, does not set the shared-prefix figure). Each row's ``spread``
+is the largest (max - min) / min over the runs of the run's own median call: what the runs
+disagreed by before the lowest was taken.
 
 Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
 allocates no tensors), a fake runner, all driven by :class:`LLMEngine`. Each configuration first
 prefills its requests to the given context, then times ``LLMEngine.step`` (schedule, postprocess and
 the engine's per-request outputs) over ``--steps`` decode steps (the median step), less the fake
-runner's own time. Times are this process's CPU time (``time.process_time``): the time other
-processes run is not counted, though sharing the cores with them still slows this one's own work.
+runner's own time. Step times are this process's CPU time (``time.process_time_ns``; a step takes
+tens of microseconds to milliseconds, long enough to lose the CPU under load, and the time other
+processes then run is not counted); per-operation samples are wall-clock time
+(``time.perf_counter_ns``, see :mod:`atom.bench.control_plane_ops`).
 The last line is ``step_us_per_seq_256=<float> growth_4k_to_128k=<float>``:
 microseconds per step per sequence with 256 sequences at the largest context, and the ratio of the
 per-step time at the largest context to the smallest one with 256 sequences (target <= 1.2). The line
@@ -66,9 +73,9 @@ class TimedRunner(FakeRunner):
     seconds = 0.0
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
-        t0 = time.process_time()
+        t0 = time.process_time_ns()
         out = super().execute(batch)
-        self.seconds += time.process_time() - t0
+        self.seconds += (time.process_time_ns() - t0) / 1e9
         return out
 
 
@@ -91,23 +98,23 @@ def build(num_seqs: int, context: int, steps: int) -> tuple[LLMEngine, TimedRunn
     return engine, runner
 
 
-def time_decode(num_seqs: int, context: int, steps: int) -> float:
-    """Median microseconds of an engine step (schedule + postprocess + outputs) over ``steps`` decode
-    steps (the median: a step that a collection of the whole heap or the loss of the CPU lands in
-    does not move it)."""
+def time_decode(num_seqs: int, context: int, steps: int) -> list[float]:
+    """One run: CPU microseconds of each of ``steps`` engine decode steps (schedule + postprocess +
+    outputs, less the fake runner), in step order; the steps are the same in every run."""
     engine, runner = build(num_seqs, context, steps)
     sched = engine.scheduler
     while any(s.in_prefill for s in sched.running) or sched.waiting:
         engine.step()
     times = []
+    clock = time.process_time_ns
     with frozen_gc():  # the prefill's garbage is not the decode steps' cost, nor is walking its requests
         for _ in range(steps):
             runner.seconds = 0.0
-            t0 = time.process_time()
+            t0 = clock()
             batch = engine.step_detailed().batch
-            times.append(time.process_time() - t0 - runner.seconds)
+            times.append((clock() - t0) / 1e3 - runner.seconds * 1e6)
             assert len(batch.seqs) == num_seqs and batch.num_tokens == num_seqs
-    return statistics.median(times) * 1e6
+    return times
 
 
 def _round_robin(runs: Seq[Callable[[], T]], reps: int) -> list[list[T]]:
@@ -121,16 +128,24 @@ def _round_robin(runs: Seq[Callable[[], T]], reps: int) -> list[list[T]]:
     return out
 
 
-def _low_spread(values: list[float]) -> tuple[float, float]:
-    """The lowest of ``values`` (the runs of one configuration) and their spread, (max - min) / min
-    (0 for a single value)."""
-    low = min(values)
-    return low, (max(values) - low) / low if low else 0.0
+def _lowest_per_call(runs: list[list[float]]) -> tuple[float, float]:
+    """(figure, spread) of one operation or step from its runs' samples, one list per run with one
+    sample per call in call order (every run the same calls). The figure: per call, the lowest sample
+    over the runs, then the median over calls. The spread: (max - min) / min over the runs of each
+    run's median sample (0 for one run). NaN and 0 for calls that never ran."""
+    if not runs or not runs[0]:
+        return math.nan, 0.0
+    if any(len(r) != len(runs[0]) for r in runs):
+        raise ValueError(f"runs of one configuration made different numbers of calls: {[len(r) for r in runs]}")
+    lowest = [min(samples) for samples in zip(*runs)]
+    medians = [statistics.median(r) for r in runs]
+    low = min(medians)
+    return statistics.median(lowest), (max(medians) - low) / low if low > 0 else 0.0
 
 
 def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
-    """Print the per-operation table (each figure the lowest of ``reps`` runs, taken round-robin over
-    the rows; the last column the largest spread of the row's figures over those runs); return the
+    """Print the per-operation table (``reps`` runs taken round-robin over the rows; each figure from
+    :func:`_lowest_per_call`, the last column the largest spread of the row's figures); return the
     ``ops_b128 ...`` line (printed later, second to last)."""
     rows = [(w, block) for block in block_sizes for w in WORKLOADS]
     results = _round_robin([lambda w=w, block=block: measure_ops(w, block, decode_steps) for w, block in rows], reps)
@@ -138,7 +153,7 @@ def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
     print("|---|---|---|---|---|---|---|---|---|")
     ops = {}
     for (w, block), runs in zip(rows, results):
-        figs = {k: _low_spread([r[k] for r in runs]) for k in runs[0]}
+        figs = {k: _lowest_per_call([r[k] for r in runs]) for k in runs[0]}
         us = ops[(w.name, block)] = {k: mid for k, (mid, _) in figs.items()}
         spread = max((sp for mid, sp in figs.values() if not math.isnan(mid)), default=0.0)
         print(f"| {w.name} ({w.num_seqs} x {w.context / 1024:g}K) | {block} | {us['admit']:.1f} | "
@@ -150,15 +165,16 @@ def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
 
 
 def step_table(seqs: Seq[int], contexts: Seq[int], steps: int, reps: int) -> dict[tuple[int, int], float]:
-    """Print the decode-step table (each figure the lowest of ``reps`` runs' median steps, taken
-    round-robin over the rows); return (running seqs, context) -> that figure in microseconds."""
+    """Print the decode-step table (``reps`` runs taken round-robin over the rows; each figure from
+    :func:`_lowest_per_call` over the steps); return (running seqs, context) -> that figure in
+    microseconds."""
     rows = [(n, ctx) for n in seqs for ctx in contexts]
     results = _round_robin([lambda n=n, ctx=ctx: time_decode(n, ctx, steps) for n, ctx in rows], reps)
     print("| running seqs | context | us per step | us per step per seq | spread |")
     print("|---|---|---|---|---|")
     out = {}
     for (n, ctx), runs in zip(rows, results):
-        us, spread = _low_spread(runs)
+        us, spread = _lowest_per_call(runs)
         out[(n, ctx)] = us
         print(f"| {n} | {ctx} | {us:.1f} | {us / n:.2f} | {spread:.0%} |", flush=True)
     return out
@@ -174,7 +190,7 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--peer", choices=["vllm"], help="replay the same traces on vLLM's KVCacheManager too")
     ap.add_argument("--reps", type=int, default=5,
                     help="runs of each configuration (with --peer: of each manager per trace); the tables give "
-                         "the lowest run (atom alone) or the median run (--peer)")
+                         "per call the lowest run, then the median call (atom alone), or the median run (--peer)")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be positive")

@@ -16,12 +16,14 @@ fp8 rows; the control plane allocates no tensors) and times the block manager al
   (``RECLAIMS`` calls, fewer when the pool owns fewer chunks): how a chunk is taken back from the
   cache to be lent to the other owner.
 
-Figures are medians over every call of the run, in this process's CPU time; a decode step is timed
-for all requests at once (one clock reading at each end, divided by the number of requests: a
-reading costs about as much as one request's decode, and that cost moves with the machine's load),
-and ``decode`` is the median over the steps. The collector is frozen while the calls are timed
-(:func:`frozen_gc`): the requests built for the run are not walked again mid-way, so a collection
-of the whole heap lands in no timed call.
+A run gives one sample per call, in wall-clock nanoseconds (``time.perf_counter_ns``: about 40 ns a
+reading on the development machine, against about 500 ns for the process CPU clock, a system call
+whose cost moves with the machine's load; a call that loses the CPU mid-way reads high and is left
+out by taking the lowest of several runs, see :mod:`atom.bench.control_plane`). A decode step is
+timed for all requests at once (one reading at each end, divided by the number of requests: a
+sample of about 100 us instead of one of 0.3 us), one sample per step. The calls of a run are the
+same from run to run (same prompts, same arena), so the k-th sample of every run measures the same
+work. The collector is frozen and off while the calls are timed (:func:`frozen_gc`).
 
 Workloads: ``decode-heavy`` (256 x 4K), ``long-context`` (32 x 128K), ``shared-prefix`` (64 chats of a
 shared 4K system prompt + 512 own tokens; the first request publishes the prefix, the rest hit it).
@@ -30,7 +32,6 @@ shared 4K system prompt + 512 own tokens; the first request publishes the prefix
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -80,21 +81,28 @@ def _block_manager(w: Workload, block_size: int, decode_steps: int) -> BlockMana
 
 @contextmanager
 def frozen_gc() -> Iterator[None]:
-    """Collect garbage, then freeze every object alive (the collector no longer walks them) for the
-    body; unfreeze after. Objects the body creates are collected as usual."""
+    """Collect garbage, freeze every object alive (no later collection walks them) and switch the
+    collector off for the body; after it, switch the collector back on (if it was on) and unfreeze.
+
+    Timed calls then carry none of the collector's work: neither a collection of the objects built
+    for the run nor one the body's own allocations would trigger (the count of allocations, and so
+    where a collection lands, repeats from run to run, so a lowest-of-runs figure would not filter
+    it out). The body's garbage is collected after it, outside the timing."""
+    was_enabled = gc.isenabled()
     gc.collect()
     gc.freeze()
+    gc.disable()
     try:
         yield
     finally:
+        if was_enabled:
+            gc.enable()
         gc.unfreeze()
 
 
-def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str, float]:
-    """Median microseconds per call of each operation (``prefill`` is NaN for prompts of one chunk).
-
-    The median, not the mean: on a shared machine a call that loses the CPU mid-way would otherwise
-    dominate; amortized costs (a list or dict growing) are therefore under-weighted."""
+def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str, list[float]]:
+    """One run: operation -> microseconds of each of its calls, in call order (a decode step's
+    sample is per request; ``prefill`` is empty for prompts of one chunk)."""
     bm = _block_manager(w, block_size, decode_steps)
     b = bm.block_size
     seqs = [Sequence(_prompt(w, i), SamplingParams(max_tokens=decode_steps + 1), b) for i in range(w.num_seqs)]
@@ -103,15 +111,15 @@ def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str
     with frozen_gc():
         t = _timed_ops(bm, seqs, decode_steps)
     bm.check_integrity([])
-    return {k: statistics.median(v) / 1e3 if v else float("nan") for k, v in t.items()}
+    return {k: [ns / 1e3 for ns in v] for k, v in t.items()}
 
 
 def _timed_ops(bm: BlockManager, seqs: list[Sequence], decode_steps: int) -> dict[str, list[float]]:
     """Run every request through admission, its prompt and ``decode_steps`` decode steps, free them
-    all, then query and reclaim the cache: CPU nanoseconds per timed call (per request for a decode
-    step, which is timed for all requests at once)."""
+    all, then query and reclaim the cache: wall-clock nanoseconds per timed call (per request for a
+    decode step, which is timed for all requests at once)."""
     t: dict[str, list[float]] = {"admit": [], "prefill": [], "decode": [], "free": [], "room": [], "reclaim": []}
-    clock = time.process_time_ns  # CPU time: other processes on a shared machine do not inflate it
+    clock = time.perf_counter_ns  # cheap and steady; a call that loses the CPU is dropped by the lowest of runs
     for s in seqs:
         t0 = clock()
         n = bm.admit(s, CHUNK)

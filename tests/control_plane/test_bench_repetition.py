@@ -1,8 +1,12 @@
-"""How the control-plane benchmark repeats its configurations and keeps the collector out of timings."""
+"""How the control-plane benchmark repeats its configurations, summarises their runs and keeps the
+collector out of timings."""
 
 import gc
+import math
 
-from atom.bench.control_plane import _low_spread, _round_robin
+import pytest
+
+from atom.bench.control_plane import _lowest_per_call, _round_robin
 from atom.bench.control_plane_ops import frozen_gc
 
 
@@ -14,14 +18,44 @@ def test_repetitions_run_round_robin_over_the_configurations():
     assert results == [[1, 4, 7], [2, 5, 8], [3, 6, 9]]
 
 
-def test_a_figure_is_the_lowest_of_its_runs_and_the_spread_their_range_over_it():
-    assert _low_spread([10.0, 12.0, 9.0, 30.0, 11.0]) == (9.0, 21.0 / 9.0)
-    assert _low_spread([5.0]) == (5.0, 0.0)
+def test_a_figure_is_the_median_over_calls_of_each_calls_lowest_run():
+    runs = [[10.0, 50.0, 20.0],  # run medians 20, 30, 12: spread (30 - 12) / 12
+            [30.0, 11.0, 40.0],
+            [12.0, 12.0, 9.0]]
+    # lowest per call: 10, 11, 9 -> median 10 (no run's own median is that low)
+    assert _lowest_per_call(runs) == (10.0, 18.0 / 12.0)
+
+
+def test_one_run_gives_its_median_call_and_no_spread():
+    assert _lowest_per_call([[5.0, 1.0, 3.0]]) == (3.0, 0.0)
+
+
+def test_an_operation_that_never_ran_is_nan_with_no_spread():
+    fig, spread = _lowest_per_call([[], []])
+    assert math.isnan(fig) and spread == 0.0
+
+
+def test_runs_with_different_call_counts_are_refused():
+    with pytest.raises(ValueError, match=r"different numbers of calls: \[2, 3\]"):
+        _lowest_per_call([[1.0, 2.0], [1.0, 2.0, 3.0]])
 
 
 def test_the_collector_is_frozen_only_inside_the_timed_body():
     before = gc.get_freeze_count()
     kept = [[i] for i in range(100)]  # alive while frozen: moved out of the collector's generations
+    assert gc.isenabled()
     with frozen_gc():
         assert gc.get_freeze_count() >= before + len(kept)
+        assert not gc.isenabled()
     assert gc.get_freeze_count() == before
+    assert gc.isenabled()
+
+
+def test_the_collector_stays_off_after_the_body_when_it_was_off_before():
+    gc.disable()
+    try:
+        with frozen_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
