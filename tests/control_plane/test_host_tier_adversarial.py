@@ -10,19 +10,20 @@ from array import array
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, rule
 
 import atom.model_engine.sequence as sequence_module
 from atom.config import CacheConfig, Dsv4KvSpec, SchedulerConfig
 from atom.kv.block_manager import BlockManager
 from atom.kv.chunk_arena import ArenaEmpty
-from atom.kv.kv_layout import KvLayout, chunk_shape, request_chunks_needed
+from atom.kv.kv_layout import KvLayout
 from atom.kv.page_map import COMPRESS, SWA
 from atom.model_engine.llm_engine import LLMEngine
 from atom.model_engine.scheduler import Scheduler
 from atom.model_engine.sequence import SequenceStatus
 from atom.testing.kv_content_model import KvContentModel
 from support.control_plane import TINY, Harness, ObservedRunner
+from support.traffic_rules import min_chunks, traffic_rules
 
 MAX_LEN = 256
 PREFIXES = [list(range(100, 180)), list(range(300, 348)), [5] * 40]
@@ -44,12 +45,6 @@ def host_harness(num_chunks: int, host_chunks: int, *, chunk_pages: int = 1, bud
     return Harness(LLMEngine(sched, ObservedRunner(vocab_size=997, content=content)))
 
 
-def min_chunks(window: int, chunk_pages: int) -> int:
-    spec = Dsv4KvSpec(**{**TINY, "sliding_window": window})
-    k = chunk_shape(spec, CacheConfig(chunk_pages=chunk_pages)).compress_pages_per_chunk
-    return request_chunks_needed(k, spec, MAX_LEN)
-
-
 def truncated_hashes(token_ids, block_size, num_blocks, hashes, keys):
     """A 3-bit hash that also forgets the prefix: blocks collide under any prefix and with each other."""
     for j in range(len(hashes), num_blocks):
@@ -58,7 +53,7 @@ def truncated_hashes(token_ids, block_size, num_blocks, hashes, keys):
         keys.append(key)
 
 
-class HostTrafficMachine(RuleBasedStateMachine):
+class HostTrafficMachine(traffic_rules(PREFIXES, MAX_LEN, max_new_tokens=16, long_from=100)):
     @initialize(extra=st.integers(0, 6), host_chunks=st.integers(1, 12), budget=st.sampled_from([7, 16, 40]),
                 window=st.sampled_from([8, 16, 49]), chunk_pages=st.sampled_from([1, 2]), full_retain=st.booleans(),
                 collide=st.booleans(), policy=st.sampled_from(["back", "through"]), through_hits=st.integers(1, 3))
@@ -67,33 +62,10 @@ class HostTrafficMachine(RuleBasedStateMachine):
         if collide:
             self._restore_hash = sequence_module.chain_hashes
             sequence_module.chain_hashes = truncated_hashes
-        self.h = host_harness(min_chunks(window, chunk_pages) + extra, host_chunks, chunk_pages=chunk_pages,
+        self.h = host_harness(min_chunks(window, chunk_pages, MAX_LEN) + extra, host_chunks, chunk_pages=chunk_pages,
                               budget=budget, full_retain=full_retain, window=window, policy=policy,
                               through_hits=through_hits)
         self.live = []
-
-    @rule(prefix=st.sampled_from(range(len(PREFIXES))), suffix=st.lists(st.integers(0, 996), max_size=40),
-          max_tokens=st.integers(1, 16))
-    def add(self, prefix, suffix, max_tokens):
-        tokens = PREFIXES[prefix] + suffix
-        if len(tokens) + max_tokens <= MAX_LEN:
-            self.live.append(self.h.add(tokens, max_tokens=max_tokens))
-
-    @rule(length=st.integers(100, MAX_LEN - 1))
-    def flood(self, length):
-        self.live.append(self.h.add([(7 * i + length) % 997 for i in range(length)], max_tokens=1))
-
-    @rule(n=st.integers(1, 4))
-    def step(self, n):
-        for _ in range(n):
-            if self.h.sched.has_unfinished():
-                self.h.step()
-
-    @precondition(lambda self: self.live)
-    @rule(i=st.integers(0, 100))
-    def abort(self, i):
-        seq = self.live.pop(i % len(self.live))
-        self.h.sched.abort(seq.seq_id)
 
     @rule(owner=st.sampled_from([SWA, COMPRESS]), n=st.integers(1, 8))
     def evict_device(self, owner, n):
@@ -107,11 +79,6 @@ class HostTrafficMachine(RuleBasedStateMachine):
         host = self.h.bm.host
         for _ in range(n):
             host._evict_one(owner)
-
-    @invariant()
-    def integrity(self):
-        if hasattr(self, "h"):
-            self.h.sched.check_integrity()
 
     def teardown(self):
         try:
@@ -250,7 +217,7 @@ def test_write_through_copies_a_block_on_its_nth_hit_so_its_eviction_writes_noth
 def skewed_reuse(policy: str) -> Harness:
     """Skewed reuse of 8 documents (Pareto) through an arena 4 chunks over the minimum."""
     rnd = random.Random(1)
-    h = host_harness(min_chunks(8, 1) + 4, 40, policy=policy, max_seqs=3)
+    h = host_harness(min_chunks(8, 1, MAX_LEN) + 4, 40, policy=policy, max_seqs=3)
     docs = [[(97 * d + 13 * i) % 997 for i in range(160)] for d in range(8)]
     for r in range(120):
         doc = docs[min(int(rnd.paretovariate(1.2)) - 1, 7)]

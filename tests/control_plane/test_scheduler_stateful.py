@@ -7,54 +7,25 @@ that fits the model length may be dropped, and an admission that cannot fit must
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, rule
 
-from atom.config import CacheConfig, Dsv4KvSpec
-from atom.kv.kv_layout import chunk_shape, request_chunks_needed
 from atom.model_engine.sequence import Sequence, SequenceStatus
 from atom.sampling_params import SamplingParams
-from support.control_plane import TINY, make_harness
+from support.control_plane import make_harness
+from support.traffic_rules import min_chunks, traffic_rules
 
 PREFIXES = [list(range(100, 148)), list(range(300, 332)), [5] * 20]
 MAX_LEN = 256
 
 
-def min_chunks(window: int, chunk_pages: int) -> int:
-    spec = Dsv4KvSpec(**{**TINY, "sliding_window": window})
-    return request_chunks_needed(chunk_shape(spec, CacheConfig(chunk_pages=chunk_pages)).compress_pages_per_chunk, spec, MAX_LEN)
-
-
-class TrafficMachine(RuleBasedStateMachine):
+class TrafficMachine(traffic_rules(PREFIXES, MAX_LEN, max_new_tokens=24, long_from=150)):
     @initialize(full_retain=st.booleans(), extra=st.integers(0, 22), budget=st.sampled_from([7, 16, 40]),
                 window=st.sampled_from([8, 16, 49]), chunk_pages=st.sampled_from([1, 2]))
     def setup(self, full_retain, extra, budget, window, chunk_pages):
-        self.h = make_harness(num_chunks=min_chunks(window, chunk_pages) + extra, chunk_pages=chunk_pages,
+        self.h = make_harness(num_chunks=min_chunks(window, chunk_pages, MAX_LEN) + extra, chunk_pages=chunk_pages,
                               budget=budget, max_seqs=3, max_model_len=MAX_LEN, full_retain=full_retain,
                               interval=32 if full_retain else 0, spec_overrides={"sliding_window": window})
         self.live = []
-
-    @rule(prefix=st.sampled_from(range(len(PREFIXES))), suffix=st.lists(st.integers(0, 996), max_size=40),
-          max_tokens=st.integers(1, 24))
-    def add(self, prefix, suffix, max_tokens):
-        tokens = PREFIXES[prefix] + suffix
-        if len(tokens) + max_tokens <= MAX_LEN:
-            self.live.append(self.h.add(tokens, max_tokens=max_tokens))
-
-    @rule(length=st.integers(150, MAX_LEN - 1))
-    def add_long(self, length):
-        self.live.append(self.h.add([(7 * i + length) % 997 for i in range(length)], max_tokens=1))
-
-    @rule(n=st.integers(1, 4))
-    def step(self, n):
-        for _ in range(n):
-            if self.h.sched.has_unfinished():
-                self.h.step()
-
-    @precondition(lambda self: self.live)
-    @rule(i=st.integers(0, 100))
-    def abort(self, i):
-        seq = self.live.pop(i % len(self.live))
-        self.h.sched.abort(seq.seq_id)
 
     @rule(length=st.integers(16, MAX_LEN - 1), first=st.integers(1, MAX_LEN))
     def probe_admission(self, length, first):
@@ -71,11 +42,6 @@ class TrafficMachine(RuleBasedStateMachine):
             bm.free(seq)
         bm.take_updates()  # the probe's own deltas never reach the runner
         bm.updates.extend(pending)
-
-    @invariant()
-    def integrity(self):
-        if hasattr(self, "h"):
-            self.h.sched.check_integrity()
 
     def teardown(self):
         if hasattr(self, "h"):
