@@ -12,6 +12,7 @@ from atom.bench.sim_arenas import ARENA
 from atom.bench.sim_replicas import compare_routers, format_replica_table, replica_config, replica_summary_line, \
     run_replicas
 from atom.bench.sim_workloads import Segment, Session, Turn, agentic
+from support.usage_errors import assert_usage_error
 
 SMALL = sim.SimConfig(budget_bytes=1 << 30, max_num_seqs=16, max_batched_tokens=2048, max_model_len=32768)
 AGENTS = tuple(agentic(4, 4.0, 5))  # 4 sessions, 61 turns, a shared 4096-token system prompt
@@ -81,6 +82,4 @@ def test_the_command_line_runs_the_routers_and_ends_with_the_first_ones_hit_rate
     (["--replicas", "2", "--host-kv-gib", "8"], "--host-kv-gib is not simulated with --replicas"),
 ])
 def test_bad_replica_options_are_refused_naming_the_option(argv, message, capsys):
-    with pytest.raises(SystemExit) as exc:
-        sim.main(argv)
-    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert_usage_error(sim.main, argv, message, capsys)

@@ -19,6 +19,7 @@ from atom.bench.sim_arenas import (ARENA_RESERVED, OracleKvArena, SplitKvArena, 
 from atom.bench.sim_workloads import Segment, Session, Turn, agentic, build_trace, chat, long_context, request_id
 from atom.kv.chunk_arena import ArenaEmpty
 from atom.kv.page_map import COMPRESS, STATE, SWA
+from support.usage_errors import assert_usage_error
 
 SMALL = sim.SimConfig(budget_bytes=1 << 30, max_num_seqs=16, max_batched_tokens=2048, max_model_len=32768)
 
@@ -193,10 +194,7 @@ def test_the_quick_cli_run_prints_the_final_line_with_parseable_floats(tmp_path,
     (["--max-num-seqs", "2.5"], "is not an integer"),
 ])
 def test_bad_cli_values_are_argparse_errors_that_say_what_is_wrong(argv, message, capsys):
-    with pytest.raises(SystemExit) as exc:
-        sim.main(argv)
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_usage_error(sim.main, argv, message, capsys)
 
 
 def test_a_session_whose_history_outgrows_the_model_length_ends_there_and_is_counted():

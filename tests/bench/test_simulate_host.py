@@ -11,6 +11,7 @@ import pytest
 import atom.bench.simulate as sim
 from atom.bench.sim_arenas import ARENA, ARENA_HOST
 from atom.bench.sim_workloads import Segment, Session, Turn
+from support.usage_errors import assert_usage_error
 
 CFG = sim.SimConfig(budget_bytes=256 << 20, max_num_seqs=4, max_batched_tokens=2048, max_model_len=16384,
                     host_kv_bytes=1 << 30, check_every=1)
@@ -52,7 +53,4 @@ def test_without_host_bytes_the_comparison_has_no_host_policy():
     (["--token-us", "0"], "--token-us: '0' must be > 0"),
 ])
 def test_bad_cost_and_host_values_are_argparse_errors(argv, message, capsys):
-    with pytest.raises(SystemExit) as exc:
-        sim.main(argv)
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_usage_error(sim.main, argv, message, capsys)
