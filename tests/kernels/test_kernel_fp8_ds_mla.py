@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from support.kernels import assert_same_bits
+from support.row_codecs import assert_encode_refuses_bad_rows, assert_encodes_into_strided_rows
 
 from atom.kernels.fp8_ds_mla import (DSV4_LAYOUT, Fp8DsMlaLayout, fp8_ds_mla_dequantize, fp8_ds_mla_dequantize_ref,
                                      fp8_ds_mla_quantize, fp8_ds_mla_quantize_ref)
@@ -70,12 +71,7 @@ def test_triton_codec_equals_the_reference_bit_for_bit(dtype, layout, gen):
 
 @pytest.mark.parametrize("quant", [fp8_ds_mla_quantize, fp8_ds_mla_quantize_ref], ids=["triton", "torch"])
 def test_quantize_writes_into_a_strided_arena_row_view_and_leaves_the_neighbours(quant, gen):
-    buf = torch.full((5 * 600 + 3,), 0xAB, dtype=torch.uint8)
-    rows = buf[3:3 + 5 * 600].view(5, 600)[:, :584]
-    x = torch.randn(5, 512, generator=gen)
-    quant(x, rows)
-    assert_same_bits(rows, fp8_ds_mla_quantize_ref(x))
-    assert bool((buf[3:].view(5, 600)[:, 584:] == 0xAB).all()) and int(buf[0]) == 0xAB
+    assert_encodes_into_strided_rows(quant, fp8_ds_mla_quantize_ref, torch.randn(5, 512, generator=gen), 584, 600)
 
 
 def test_round_trip_error_is_within_half_an_fp8_step(gen):
@@ -89,12 +85,7 @@ def test_round_trip_error_is_within_half_an_fp8_step(gen):
 
 @pytest.mark.parametrize("quant", [fp8_ds_mla_quantize, fp8_ds_mla_quantize_ref], ids=["triton", "torch"])
 def test_codec_rejects_bad_arguments(quant):
-    with pytest.raises(ValueError, match="width"):
-        quant(torch.zeros(2, 500))
-    with pytest.raises(ValueError, match="dtype"):
-        quant(torch.zeros(2, 512), torch.zeros(2, 584, dtype=torch.int8))
-    with pytest.raises(ValueError, match="rows"):
-        quant(torch.zeros(2, 512), torch.zeros(3, 584, dtype=torch.uint8))
+    assert_encode_refuses_bad_rows(quant, 512, 584)
     with pytest.raises(ValueError, match="qblock"):
         quant(torch.zeros(2, 24), layout=Fp8DsMlaLayout(nope=12, rope=12, qblock=8))
 

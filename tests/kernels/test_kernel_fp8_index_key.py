@@ -5,6 +5,7 @@ import struct
 import pytest
 import torch
 from support.kernels import assert_same_bits
+from support.row_codecs import assert_encode_refuses_bad_rows, assert_encodes_into_strided_rows
 
 from atom.kernels.fp8_index_key import (DSV4_INDEX_LAYOUT, Fp8IndexKeyLayout, fp8_index_key_dequantize,
                                         fp8_index_key_dequantize_ref, fp8_index_key_quantize,
@@ -67,22 +68,13 @@ def test_triton_codec_equals_the_reference_bit_for_bit(dtype, layout, gen):
 
 @pytest.mark.parametrize("quant", [fp8_index_key_quantize, fp8_index_key_quantize_ref], ids=["triton", "torch"])
 def test_quantize_writes_into_a_strided_row_view_and_leaves_the_neighbours(quant, gen):
-    buf = torch.full((4 * 24 + 3,), 0xAB, dtype=torch.uint8)
-    rows = buf[3:].view(4, 24)[:, :20]
-    x = torch.randn(4, 16, generator=gen)
-    quant(x, rows, layout=TINY)
-    assert_same_bits(rows, fp8_index_key_quantize_ref(x, layout=TINY))
-    assert bool((buf[3:].view(4, 24)[:, 20:] == 0xAB).all()) and int(buf[0]) == 0xAB
+    assert_encodes_into_strided_rows(quant, fp8_index_key_quantize_ref, torch.randn(4, 16, generator=gen), 20, 24,
+                                     layout=TINY)
 
 
 @pytest.mark.parametrize("quant", [fp8_index_key_quantize, fp8_index_key_quantize_ref], ids=["triton", "torch"])
 def test_codec_rejects_bad_arguments(quant):
-    with pytest.raises(ValueError, match="width"):
-        quant(torch.zeros(2, 100))
-    with pytest.raises(ValueError, match="dtype"):
-        quant(torch.zeros(2, 128), torch.zeros(2, 132, dtype=torch.int8))
-    with pytest.raises(ValueError, match="rows"):
-        quant(torch.zeros(2, 128), torch.zeros(3, 132, dtype=torch.uint8))
+    assert_encode_refuses_bad_rows(quant, 128, 132)
     with pytest.raises(ValueError, match="multiple of 4"):
         quant(torch.zeros(2, 6), layout=Fp8IndexKeyLayout(dim=6))
 
