@@ -225,21 +225,20 @@ def test_update_wrapper_rejects_bad_arguments(backend, case):
         UPDATE[backend](**args)
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_capture_wrapper_rejects_a_page_past_the_boundary_views(backend):
-    cu, pos_start = ragged([BS], [0])
-    dst = torch.zeros(2, 4, 4), torch.zeros(2, 4, 4)
-    with pytest.raises(ValueError, match="capture_table"):
-        CAPTURE[backend](torch.zeros(BS, 4), torch.zeros(BS, 4), torch.zeros(4, 4), *dst, i32([[2]]), cu,
-                         pos_start, block_size=BS)
+CAPTURE_BAD = {
+    "a page past the two boundary views": (4, 2, "capture_table"),
+    "boundary views of three rows, not four": (3, 0, "4"),
+}
 
 
+@pytest.mark.parametrize("case", list(CAPTURE_BAD))
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_capture_wrapper_rejects_boundary_views_without_four_rows(backend):
+def test_capture_wrapper_rejects_a_page_past_the_views_or_views_without_four_rows(backend, case):
+    view_rows, page, needle = CAPTURE_BAD[case]
     cu, pos_start = ragged([BS], [0])
-    dst = torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)
-    with pytest.raises(ValueError, match="4"):
-        CAPTURE[backend](torch.zeros(BS, 4), torch.zeros(BS, 4), torch.zeros(4, 4), *dst, i32([[0]]), cu,
+    dst = torch.zeros(2, view_rows, 4), torch.zeros(2, view_rows, 4)
+    with pytest.raises(ValueError, match=needle):
+        CAPTURE[backend](torch.zeros(BS, 4), torch.zeros(BS, 4), torch.zeros(4, 4), *dst, i32([[page]]), cu,
                          pos_start, block_size=BS)
 
 
