@@ -52,6 +52,13 @@ def check_positive(name: str, value: int, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+def check_power_of_two(name: str, what: str, value: int) -> None:
+    """``value`` (the ``what`` of a ``name`` launch) is a power of two: it sizes a ``tl.arange``, which takes
+    only powers of two."""
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"{name} needs {what} a power of two, got {value}")
+
+
 def check_rows(name: str, t: torch.Tensor, *, ndim: int = 2, dtypes: Iterable[torch.dtype] = ROW_DTYPES,
                width: int | None = None, dtype: torch.dtype | None = None) -> None:
     """A row view: ``ndim`` dims, innermost dim contiguous (outer strides arbitrary), allowed dtype.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import HAS_TRITON, next_pow2, require_triton, triton, tl
+from ._common import HAS_TRITON, check_power_of_two, check_same_device, next_pow2, require_triton, triton, tl
 from .store_rounding import elements_per_program, rounded_for
 
 __all__ = ["hc_post", "hc_post_ref"]
@@ -69,10 +69,8 @@ def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: t
     _check(y, residual, post, comb)
     require_triton("hc_post")
     t, hc, d = residual.shape
-    if hc & (hc - 1):
-        raise ValueError(f"hc_post needs hc a power of two, got {hc}")
-    if len({y.device, residual.device, post.device, comb.device}) != 1:
-        raise ValueError("y, residual, post and comb must share a device")
+    check_power_of_two("hc_post", "hc", hc)
+    check_same_device(y=y, residual=residual, post=post, comb=comb)
     r = residual.contiguous()
     out = torch.empty_like(r)
     if t and d:

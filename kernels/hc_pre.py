@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import HAS_TRITON, next_pow2, require_triton, triton, tl
+from ._common import HAS_TRITON, check_power_of_two, check_same_device, next_pow2, require_triton, triton, tl
 from .hc_sinkhorn import hc_sinkhorn_ref
 from .store_rounding import rounded_for
 
@@ -115,10 +115,8 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.T
     _check(h, fn, scale, base, iters, eps, norm_eps)
     require_triton("hc_pre")
     t, hc, d = h.shape
-    if hc & (hc - 1):
-        raise ValueError(f"hc_pre needs hc a power of two, got {hc}")
-    if len({h.device, fn.device, scale.device, base.device}) != 1:
-        raise ValueError("h, fn, scale and base must share a device")
+    check_power_of_two("hc_pre", "hc", hc)
+    check_same_device(h=h, fn=fn, scale=scale, base=base)
     hh = h.contiguous()
     y = torch.empty(t, d, dtype=h.dtype, device=h.device)
     post = torch.empty(t, hc, dtype=torch.float32, device=h.device)

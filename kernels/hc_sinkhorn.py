@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._common import HAS_TRITON, check_positive, check_rows, require_triton, triton, tl
+from ._common import HAS_TRITON, check_positive, check_power_of_two, check_rows, require_triton, triton, tl
 from .tiles import tiles_for
 
 __all__ = ["hc_sinkhorn", "hc_sinkhorn_cpu", "hc_sinkhorn_ref"]
@@ -111,8 +111,7 @@ def hc_sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     _check(comb, iters, eps)
     require_triton("hc_sinkhorn")
     hc = comb.shape[1]
-    if hc & (hc - 1):
-        raise ValueError(f"hc_sinkhorn needs hc a power of two, got {hc}")
+    check_power_of_two("hc_sinkhorn", "hc", hc)
     x = comb.contiguous()
     out = torch.empty_like(x)
     if x.shape[0]:
