@@ -45,13 +45,19 @@ _WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8)
 # checks
 # ----------------------------------------------------------------------------------------------
 
-def _check_table(name: str, t: torch.Tensor) -> None:
+def _check_kind(name: str, t: torch.Tensor, dtype: torch.dtype, dims: tuple[str, ...], holds: str) -> None:
+    """``t`` is a tensor of ``dtype`` with one dim per name in ``dims``; ``holds`` (what its values are) and
+    ``dims`` go into the messages."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.uint8:
-        raise ValueError(f"{name} must be uint8 [pages, page_bytes] (a byte view of the pages), got {t.dtype}")
-    if t.dim() != 2:
-        raise ValueError(f"{name} must have 2 dims [pages, page_bytes], got shape {tuple(t.shape)}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {str(dtype).removeprefix('torch.')} ({holds}), got {t.dtype}")
+    if t.dim() != len(dims):
+        raise ValueError(f"{name} must be {len(dims)}-D [{', '.join(dims)}], got shape {tuple(t.shape)}")
+
+
+def _check_table(name: str, t: torch.Tensor) -> None:
+    _check_kind(name, t, torch.uint8, ("pages", "page_bytes"), "a byte view of the pages")
     if t.shape[1] > 1 and t.stride(1) != 1:
         raise ValueError(f"{name} must have a contiguous inner dim (stride(1) == 1), got strides {t.stride()}")
     if t.stride(0) < 0:
@@ -59,12 +65,7 @@ def _check_table(name: str, t: torch.Tensor) -> None:
 
 
 def _check_pages(name: str, t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int64:
-        raise ValueError(f"{name} must be int64 page numbers, got {t.dtype}")
-    if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    _check_kind(name, t, torch.int64, ("pages",), "page numbers")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
 

@@ -99,7 +99,7 @@ def _good():
 
 BAD_CASES = {
     "src is not bytes": ("src", lambda a: a["src"].float(), "uint8"),
-    "dst is 1-D": ("dst", lambda a: torch.zeros(96, dtype=torch.uint8), "2 dims"),
+    "dst is 1-D": ("dst", lambda a: torch.zeros(96, dtype=torch.uint8), "2-D"),
     "dst inner dim strided": ("dst", lambda a: torch.zeros(6, 32, dtype=torch.uint8)[:, ::2], "contiguous"),
     "page sizes differ": ("dst", lambda a: torch.zeros(6, 8, dtype=torch.uint8), "bytes"),
     "src_pages int32": ("src_pages", lambda a: a["src_pages"].int(), "int64"),
