@@ -14,7 +14,8 @@ the collector is frozen and off while it is timed (see :func:`atom.bench.control
 
 A run is a fixed sequence of calls (or steps), the same in every run, each timed on its own: the
 k-th sample of every run measures the same work. A table figure is, per call, the lowest of its
-runs' samples, then the median over the calls (:func:`_lowest_per_call`). Other processes only ever
+runs' samples, then the median over the calls
+(:func:`atom.bench.control_plane_summary.lowest_per_call`). Other processes only ever
 add time to a sample (they take the CPU, its caches and execution units), so the lowest of a call's
 samples is the nearest to the code's own cost, and a call needs only one undisturbed run of the
 ``--reps``; the median over calls keeps the figure the cost of a typical call (the first admission
@@ -54,6 +55,7 @@ import time
 from typing import Callable, Sequence as Seq, TypeVar
 
 from atom.bench.control_plane_ops import WORKLOADS, frozen_gc, measure_ops
+from atom.bench.control_plane_summary import lowest_per_call
 from atom.config import CacheConfig, SchedulerConfig
 from atom.kv.block_manager import BlockManager
 from atom.testing.fake_runner import FakeRunner
@@ -128,24 +130,9 @@ def _round_robin(runs: Seq[Callable[[], T]], reps: int) -> list[list[T]]:
     return out
 
 
-def _lowest_per_call(runs: list[list[float]]) -> tuple[float, float]:
-    """(figure, spread) of one operation or step from its runs' samples, one list per run with one
-    sample per call in call order (every run the same calls). The figure: per call, the lowest sample
-    over the runs, then the median over calls. The spread: (max - min) / min over the runs of each
-    run's median sample (0 for one run). NaN and 0 for calls that never ran."""
-    if not runs or not runs[0]:
-        return math.nan, 0.0
-    if any(len(r) != len(runs[0]) for r in runs):
-        raise ValueError(f"runs of one configuration made different numbers of calls: {[len(r) for r in runs]}")
-    lowest = [min(samples) for samples in zip(*runs)]
-    medians = [statistics.median(r) for r in runs]
-    low = min(medians)
-    return statistics.median(lowest), (max(medians) - low) / low if low > 0 else 0.0
-
-
 def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
     """Print the per-operation table (``reps`` runs taken round-robin over the rows; each figure from
-    :func:`_lowest_per_call`, the last column the largest spread of the row's figures); return the
+    :func:`~atom.bench.control_plane_summary.lowest_per_call`, the last column the largest spread of the row's figures); return the
     ``ops_b128 ...`` line (printed later, second to last)."""
     rows = [(w, block) for block in block_sizes for w in WORKLOADS]
     results = _round_robin([lambda w=w, block=block: measure_ops(w, block, decode_steps) for w, block in rows], reps)
@@ -153,7 +140,7 @@ def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
     print("|---|---|---|---|---|---|---|---|---|")
     ops = {}
     for (w, block), runs in zip(rows, results):
-        figs = {k: _lowest_per_call([r[k] for r in runs]) for k in runs[0]}
+        figs = {k: lowest_per_call([r[k] for r in runs]) for k in runs[0]}
         us = ops[(w.name, block)] = {k: mid for k, (mid, _) in figs.items()}
         spread = max((sp for mid, sp in figs.values() if not math.isnan(mid)), default=0.0)
         print(f"| {w.name} ({w.num_seqs} x {w.context / 1024:g}K) | {block} | {us['admit']:.1f} | "
@@ -166,7 +153,7 @@ def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
 
 def step_table(seqs: Seq[int], contexts: Seq[int], steps: int, reps: int) -> dict[tuple[int, int], float]:
     """Print the decode-step table (``reps`` runs taken round-robin over the rows; each figure from
-    :func:`_lowest_per_call` over the steps); return (running seqs, context) -> that figure in
+    :func:`lowest_per_call` over the steps); return (running seqs, context) -> that figure in
     microseconds."""
     rows = [(n, ctx) for n in seqs for ctx in contexts]
     results = _round_robin([lambda n=n, ctx=ctx: time_decode(n, ctx, steps) for n, ctx in rows], reps)
@@ -174,7 +161,7 @@ def step_table(seqs: Seq[int], contexts: Seq[int], steps: int, reps: int) -> dic
     print("|---|---|---|---|---|")
     out = {}
     for (n, ctx), runs in zip(rows, results):
-        us, spread = _lowest_per_call(runs)
+        us, spread = lowest_per_call(runs)
         out[(n, ctx)] = us
         print(f"| {n} | {ctx} | {us:.1f} | {us / n:.2f} | {spread:.0%} |", flush=True)
     return out

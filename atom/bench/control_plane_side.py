@@ -1,13 +1,17 @@
 """Side by side: atom's block manager and vLLM's ``KVCacheManager`` on the same traces.
 
 For each block size and trace of :mod:`atom.bench.control_plane_trace`, the two managers replay
-the trace in turn, ``reps`` times each, alternating which goes first, with garbage collected before
-every run (the previous run's garbage is not this one's cost). A run is two replays on fresh
-managers: one times each operation (less the clock's own cost), the other whole steps (no clock
-reading inside a step). Per run, each operation's figure is the median of its calls and the step
-figure is the mean over the trace's steps; the table gives the
-median over runs and the spread over runs ((max - min) / median), both managers' hit tokens, and
-atom / vLLM. The summary line covers block 128:
+the trace in turn, ``reps`` times each, alternating which goes first. A run is two replays on fresh
+managers: one times each operation (wall clock, less the clock's own cost), the other whole steps
+(CPU time, no clock reading inside a step). Both managers are measured alike: garbage is collected
+before each replay and the collector is frozen and off while it runs
+(:func:`atom.bench.control_plane_ops.frozen_gc`: no collection lands in a timed call, on either
+side). A manager replays the same calls in every run, so its figures are taken per call
+(:func:`atom.bench.control_plane_summary.lowest_per_call`): an operation's figure is the median over
+its calls of each call's lowest time over the runs, the step figure the mean over the trace's steps
+of each step's lowest time over the runs; the spread is (max - min) / min over the runs of each run's
+own median (mean for steps). The table gives the figures, half the spread (``±``), both managers'
+hit tokens, and atom / vLLM. The summary line covers block 128:
 ``peer_ratio_max_op=<f> peer_ratio_step_max=<f> hits_vs_peer_min=<f>`` (the largest per-operation
 ratio, the largest per-step ratio, the smallest atom / vLLM hit-token ratio; a trace with no hit on
 either side counts 1.0). Without vLLM atom runs alone, the table says so and the ratios are ``nan``.
@@ -21,6 +25,8 @@ import statistics
 from typing import Callable, Sequence as Seq
 
 from atom.bench.control_plane_engines import AtomReplay, VllmReplay, peer_missing
+from atom.bench.control_plane_ops import frozen_gc
+from atom.bench.control_plane_summary import lowest_per_call
 from atom.bench.control_plane_trace import TRACES, RunRecord, Trace, build_steps, replay
 
 __all__ = ["OPS", "side_by_side"]
@@ -29,13 +35,14 @@ OPS = ("admit", "prefill_8k", "decode", "free")
 
 
 def _run(make: Callable[[], object], steps: list) -> RunRecord:
-    """One run: a replay timing each operation, then one on a fresh manager timing whole steps."""
+    """One run: a replay timing each operation, then one on a fresh manager timing whole steps, each
+    with the collector frozen and off (the garbage of building the manager collected first)."""
     records = []
     for time_ops in (True, False):
         gc.collect()
         engine = make()
-        gc.collect()  # building the requests leaves garbage too
-        records.append(replay(engine, steps, time_ops=time_ops))
+        with frozen_gc():
+            records.append(replay(engine, steps, time_ops=time_ops))
     ops, whole = records
     assert ops.hit_tokens == whole.hit_tokens, "the two replays of one trace hit differently"
     ops.steps = whole.steps
@@ -43,17 +50,13 @@ def _run(make: Callable[[], object], steps: list) -> RunRecord:
 
 
 def _summary(records: list[RunRecord]) -> dict[str, tuple[float, float]]:
-    """Figure -> (median over runs, spread over runs) for every operation, ``step`` and ``hits``."""
-    per_run: dict[str, list[float]] = {}
-    for rec in records:
-        for op, calls in rec.ops.items():
-            per_run.setdefault(op, []).append(statistics.median(calls))
-        per_run.setdefault("step", []).append(sum(rec.steps) / len(rec.steps))
-        per_run.setdefault("hits", []).append(float(rec.hit_tokens))
-    out = {}
-    for key, vals in per_run.items():
-        mid = statistics.median(vals)
-        out[key] = (mid, (max(vals) - min(vals)) / mid if mid else 0.0)
+    """Figure -> (figure, spread over runs) for every operation and ``step`` (see the module
+    docstring), and ``hits`` -> (hit tokens, 0.0): every run of a manager hits alike."""
+    hits = {rec.hit_tokens for rec in records}
+    assert len(hits) == 1, f"the runs of one manager hit different token counts: {sorted(hits)}"
+    out = {op: lowest_per_call([rec.ops[op] for rec in records]) for op in records[0].ops}
+    out["step"] = lowest_per_call([rec.steps for rec in records], centre=statistics.mean)
+    out["hits"] = (float(hits.pop()), 0.0)
     return out
 
 

@@ -14,8 +14,9 @@ the request being prefilled and then on admissions, in arrival order. A request 
 ``decode_steps`` tokens after its prompt, then is freed. The trace assumes no prefix hits; an engine
 that hits runs fewer prompt tokens and skips the ``chunk`` operations it no longer needs, so every
 engine replays the same operations against its own cache. :func:`replay` drives a
-:class:`ReplayEngine` through the trace and times, in this process's CPU time, either each
-operation or whole steps (not both in one replay: a clock reading costs more than a decode).
+:class:`ReplayEngine` through the trace and times either each operation (wall clock, less the
+clock's own cost) or whole steps (this process's CPU time), not both in one replay: readings inside
+a step would add their own cost to it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 __all__ = ["CHUNK", "Trace", "TRACES", "Op", "build_steps", "prompt_tokens", "ReplayEngine", "RunRecord", "clock_cost_ns", "replay"]
 
@@ -131,10 +132,10 @@ def _kind(op: str, tokens: int, chunk: int) -> str | None:
     return op
 
 
-def clock_cost_ns(samples: int = 1001) -> int:
-    """The median of back-to-back ``time.process_time_ns`` readings' differences: what one timed
-    segment adds to what it times (the clock is a system call on some machines, over 1 us)."""
-    clock = time.process_time_ns
+def clock_cost_ns(samples: int = 1001, clock: Callable[[], int] = time.perf_counter_ns) -> int:
+    """The median of back-to-back ``clock`` readings' differences: what one timed segment adds to
+    what it times (``time.perf_counter_ns`` reads the CPU's counter, about 40 ns on the development
+    machine; the process CPU clock is a system call there, about 500 ns)."""
     diffs = sorted(-(clock() - clock()) for _ in range(samples))
     return diffs[samples // 2]
 
@@ -145,12 +146,17 @@ def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK, time
     frees. An admission the engine defers (it waits for a prefix another request is computing) is
     retried in the next step, before that step's own admissions.
 
-    ``time_ops``: time each operation (its allocation plus its post-step work, each segment less
-    :func:`clock_cost_ns`) into ``ops``; a deferred attempt counts for no operation. Else only
-    whole steps are timed, one clock reading at each end, into ``steps`` (per-operation readings
-    would add their own cost to the step, several times the cost of a decode)."""
-    clock, rec = time.process_time_ns, RunRecord()  # CPU time: other processes do not inflate it
-    cost = clock_cost_ns()
+    ``time_ops``: time each operation (its allocation plus its post-step work, each segment on the
+    wall clock ``time.perf_counter_ns``, less :func:`clock_cost_ns`) into ``ops``; a deferred
+    attempt counts for no operation. A segment lasts microseconds; one that loses the CPU reads
+    high, and the lowest over several runs leaves it out
+    (:func:`atom.bench.control_plane_summary.lowest_per_call`). Else only whole steps are timed, in
+    CPU time (``time.process_time_ns``: a step can last milliseconds, long enough to lose the CPU
+    under load, and other processes' time is then not counted), one reading at each end, into
+    ``steps`` (per-operation readings would add their own cost to the step)."""
+    rec = RunRecord()
+    clock = time.perf_counter_ns if time_ops else time.process_time_ns
+    cost = clock_cost_ns(clock=clock)
     deferred: list[Op] = []
     for trace_ops in steps:
         ops, deferred = _with_deferred(trace_ops, deferred), []

@@ -3,10 +3,12 @@ collector out of timings."""
 
 import gc
 import math
+import statistics
 
 import pytest
 
-from atom.bench.control_plane import _lowest_per_call, _round_robin
+from atom.bench.control_plane import _round_robin
+from atom.bench.control_plane_summary import lowest_per_call
 from atom.bench.control_plane_ops import frozen_gc
 
 
@@ -23,21 +25,27 @@ def test_a_figure_is_the_median_over_calls_of_each_calls_lowest_run():
             [30.0, 11.0, 40.0],
             [12.0, 12.0, 9.0]]
     # lowest per call: 10, 11, 9 -> median 10 (no run's own median is that low)
-    assert _lowest_per_call(runs) == (10.0, 18.0 / 12.0)
+    assert lowest_per_call(runs) == (10.0, 18.0 / 12.0)
+
+
+def test_whole_steps_take_the_mean_over_steps_of_each_steps_lowest_run():
+    runs = [[12.0, 78.0, 60.0], [30.0, 60.0, 30.0]]  # run means 50, 40: spread (50 - 40) / 40
+    # lowest per step: 12, 60, 30 -> mean 34 (their median would be 30)
+    assert lowest_per_call(runs, centre=statistics.mean) == (34.0, 0.25)
 
 
 def test_one_run_gives_its_median_call_and_no_spread():
-    assert _lowest_per_call([[5.0, 1.0, 3.0]]) == (3.0, 0.0)
+    assert lowest_per_call([[5.0, 1.0, 3.0]]) == (3.0, 0.0)
 
 
 def test_an_operation_that_never_ran_is_nan_with_no_spread():
-    fig, spread = _lowest_per_call([[], []])
+    fig, spread = lowest_per_call([[], []])
     assert math.isnan(fig) and spread == 0.0
 
 
 def test_runs_with_different_call_counts_are_refused():
     with pytest.raises(ValueError, match=r"different numbers of calls: \[2, 3\]"):
-        _lowest_per_call([[1.0, 2.0], [1.0, 2.0, 3.0]])
+        lowest_per_call([[1.0, 2.0], [1.0, 2.0, 3.0]])
 
 
 def test_the_collector_is_frozen_only_inside_the_timed_body():
