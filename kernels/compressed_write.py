@@ -71,7 +71,7 @@ def _entry_rows(comp_table: torch.Tensor, seq_idx: torch.Tensor, entry_idx: torc
 
 
 if HAS_TRITON:
-    from .kv_rows import store_rows
+    from .kv_rows import store_rows, token_page
 
     @triton.jit
     def _compressed_write_kernel(src_ptr, rows_ptr, table_ptr, seq_ptr, ent_ptr, n, width, src_stride,
@@ -80,13 +80,7 @@ if HAS_TRITON:
                                  ROPE: tl.constexpr, QBLOCK: tl.constexpr, PAD: tl.constexpr, PAD_P2: tl.constexpr,
                                  X_IS_BF16: tl.constexpr):
         t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        ok = t < n
-        seq = tl.load(seq_ptr + t, mask=ok, other=-1)
-        ent = tl.load(ent_ptr + t, mask=ok, other=-1)
-        ok = ok & (seq >= 0) & (ent >= 0)
-        page = tl.load(table_ptr + seq.to(tl.int64) * table_stride + ent // epb, mask=ok, other=-1)
-        ok = ok & (page >= 0)
-        page = page.to(tl.int64)
+        ok, ent, page = token_page(seq_ptr, ent_ptr, table_ptr, t, n, table_stride, epb)
         row = (page // pages_per_chunk) * chunk_rows + (page % pages_per_chunk) * epb + ent % epb
         store_rows(src_ptr, t.to(tl.int64) * src_stride, rows_ptr, row * rows_stride, ok, width, BLOCK_W, FMT, NOPE,
                    ROPE, QBLOCK, PAD, PAD_P2, X_IS_BF16)

@@ -100,17 +100,24 @@ if HAS_TRITON:
     from .fp8_index_key import load_index_key_tile, store_index_key_rows
 
     @triton.jit
-    def token_slots(seq_ptr, pos_ptr, table_ptr, t, num_tokens, table_stride, block_size, row_stride, rows_stride):
-        """``(ok, pos, dst)`` of tokens ``t``: whether each has a sequence, a position and a page (padding tokens
-        carry -1), its position, and the element offset of its row in the paged rows (row ``pos % block_size``
-        of page ``table[seq, pos // block_size]``)."""
+    def token_page(seq_ptr, idx_ptr, table_ptr, t, num_tokens, table_stride, per_page):
+        """``(ok, idx, page)`` of tokens ``t``: whether each has a sequence, an index and a page (padding tokens
+        carry -1 in ``seq_ptr`` or ``idx_ptr``, a missing page is -1 in the table), its index (a position, or
+        a compressed entry), and its page ``table[seq, idx // per_page]`` as int64."""
         ok = t < num_tokens
         seq = tl.load(seq_ptr + t, mask=ok, other=-1)
-        pos = tl.load(pos_ptr + t, mask=ok, other=-1)
-        ok = ok & (seq >= 0) & (pos >= 0)
-        page = tl.load(table_ptr + seq.to(tl.int64) * table_stride + pos // block_size, mask=ok, other=-1)
+        idx = tl.load(idx_ptr + t, mask=ok, other=-1)
+        ok = ok & (seq >= 0) & (idx >= 0)
+        page = tl.load(table_ptr + seq.to(tl.int64) * table_stride + idx // per_page, mask=ok, other=-1)
         ok = ok & (page >= 0)
-        dst = (page.to(tl.int64) * row_stride + pos % block_size) * rows_stride
+        return ok, idx, page.to(tl.int64)
+
+    @triton.jit
+    def token_slots(seq_ptr, pos_ptr, table_ptr, t, num_tokens, table_stride, block_size, row_stride, rows_stride):
+        """``(ok, pos, dst)`` of tokens ``t``: as :func:`token_page` with positions, and the element offset of
+        each token's row in the paged rows (row ``pos % block_size`` of page ``table[seq, pos // block_size]``)."""
+        ok, pos, page = token_page(seq_ptr, pos_ptr, table_ptr, t, num_tokens, table_stride, block_size)
+        dst = (page * row_stride + pos % block_size) * rows_stride
         return ok, pos, dst
 
     @triton.jit
