@@ -26,8 +26,8 @@ disagreed by before the lowest was taken.
 Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
 allocates no tensors), a fake runner, all driven by :class:`LLMEngine`. Each configuration first
 prefills its requests to the given context, then times ``LLMEngine.step`` (schedule, postprocess and
-the engine's per-request outputs) over ``--steps`` decode steps (the median step), less the fake
-runner's own time. Step times are this process's CPU time (``time.process_time_ns``; a step takes
+the engine's per-request outputs) over ``--steps`` decode steps, less the fake runner's own time
+(the figure: per step, the lowest over the runs, then the median step). Step times are this process's CPU time (``time.process_time_ns``; a step takes
 tens of microseconds to milliseconds, long enough to lose the CPU under load, and the time other
 processes then run is not counted); per-operation samples are wall-clock time
 (``time.perf_counter_ns``, see :mod:`atom.bench.control_plane_ops`).
