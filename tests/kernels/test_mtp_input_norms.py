@@ -39,10 +39,10 @@ def test_w8a8_projections_take_the_fp8_rows_their_norms_made_in_the_same_launch(
     with torch.no_grad():
         want = block.mtp_input(h, emb)  # no kernel set bound: the torch arithmetic, weight-only FP8 GEMMs
     kernels = load_kernels("triton")
-    block.attn.k = kernels
     for lin in (block.e_proj, block.h_proj):
         lin.bind_gemm(kernels)
         assert lin.w8a8 is not None
+    block.bind_small_ops(kernels)  # after the GEMMs, as the serving model binds them
     with torch.no_grad(), KernelCounter() as count:
         got = block.mtp_input(h, emb)
     assert (block.enorm.fp8_block, block.hnorm.fp8_block) == (block.e_proj.act_block, block.h_proj.act_block)
@@ -57,7 +57,7 @@ def test_dense_projections_get_the_plain_fused_norm():
     h, emb = inputs(block)
     with torch.no_grad():
         want = block.mtp_input(h, emb)
-    block.attn.k = load_kernels("triton")
+    block.bind_small_ops(load_kernels("triton"))
     with torch.no_grad(), KernelCounter() as count:
         got = block.mtp_input(h, emb)
     assert (block.enorm.fp8_block, block.hnorm.fp8_block) == (0, 0)

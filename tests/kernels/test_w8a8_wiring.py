@@ -9,7 +9,7 @@ from atom.kernels.act_quant import dequantize_act, fp8_act_quant_ref
 from atom.kernels.backend import load_kernels
 from atom.kernels.fp8_gemm import fp8_block_gemm_ref
 from atom.kernels.quant_formats import fp8_roundtrip
-from atom.models.deepseek_v4.fused_ops import fused_small_ops
+from atom.models.deepseek_v4.fused_ops import bind_small_ops
 from atom.models.deepseek_v4.layers import Linear, RMSNorm
 from atom.models.deepseek_v4.quant import quantize_fp8_weight
 
@@ -71,8 +71,9 @@ def test_a_norm_feeding_w8a8_linears_quantizes_in_its_own_launch_and_the_linears
     first, second = fp8_linear(gen, 256, 64), fp8_linear(gen, 256, 96)
     first.bind_gemm(k)
     second.bind_gemm(k)
+    bind_small_ops(norm, k)
     x = torch.randn(7, 256, generator=gen)
-    with fused_small_ops(k), KernelCounter() as count:
+    with KernelCounter() as count:
         y = norm(x)
         a, b = first(y), second(y)
     assert count.triton == 3  # rms_norm_fp8, then one GEMM per linear: no fp8_act_quant
@@ -80,12 +81,12 @@ def test_a_norm_feeding_w8a8_linears_quantizes_in_its_own_launch_and_the_linears
     assert torch.equal(dequantize_act(xq, xs), fp8_roundtrip(y, 128))
     assert_within_summation_order(a, y, first)
     assert_within_summation_order(b, y, second)
-    with fused_small_ops(k), KernelCounter() as count:
+    with KernelCounter() as count:
         first(norm(x)[1:])  # a slice of the norm's output carries nothing: the linear quantizes it itself
     assert count.triton == 3
 
 
-def test_outside_the_fused_scope_a_marked_norm_is_the_torch_arithmetic(gen):
+def test_a_marked_norm_without_a_bound_kernel_set_is_the_torch_arithmetic(gen):
     norm = RMSNorm(64, 1e-6)
     norm.weight.data = torch.rand(64, generator=gen)
     norm.fp8_block = 64

@@ -32,6 +32,7 @@ from atom.comm import SINGLE_RANK, Comm
 from .cache import LayerCache
 from .compressor import Compressor
 from .config import DeepseekV4Config
+from .fused_ops import SmallOpsUser
 from .indexer import Indexer
 from .layers import Linear, RMSNorm, map_rows
 from .merged_linear import MergedLinear
@@ -64,10 +65,11 @@ def attend(q: torch.Tensor, rows: torch.Tensor, sink: torch.Tensor, scale: float
     return (p @ rows.float()) / denom[:, None]
 
 
-class AttentionWeights(nn.Module):
+class AttentionWeights(SmallOpsUser, nn.Module):
     """The parameters of block ``layer_id``'s attention and its token-local math (the projections in, the
     output projection out), shared by the reference :class:`Attention` and the serving model's arena
-    attention: both hold the same parameter names, so both load the same checkpoint."""
+    attention: both hold the same parameter names, so both load the same checkpoint. Its rotations run with
+    its bound :attr:`small_ops` (:mod:`.fused_ops`; the torch arithmetic unless the serving model binds one)."""
 
     def __init__(self, cfg: DeepseekV4Config, layer_id: int, *, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
@@ -123,7 +125,7 @@ class AttentionWeights(nn.Module):
     def heads_q(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The queries ``[T, H, c]`` from ``wq_b``'s output ``[T, H * c]``: per-head RMS norm, then RoPE."""
         return normed_rope(q.unflatten(-1, (self.n_heads, self.head_dim)), None, self.cfg.norm_eps, positions,
-                           self.freqs)
+                           self.freqs, kernels=self.small_ops)
 
     def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The shared K=V rows ``[T, c]`` exactly as cached (normed, rotated, round-tripped)."""
@@ -131,7 +133,7 @@ class AttentionWeights(nn.Module):
 
     def finish_kv(self, kv: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The cached K=V rows from ``wkv``'s output ``[T, c]``: ``kv_norm``, RoPE, the release's round trip."""
-        kv = apply_rope(self.kv_norm(kv), positions, self.freqs)
+        kv = apply_rope(self.kv_norm(kv), positions, self.freqs, kernels=self.small_ops)
         if self.cfg.quant_sim:
             kv = kv_row_roundtrip(kv, self.cfg.nope_dim, self.cfg.fp8_block)
         return kv
@@ -141,7 +143,7 @@ class AttentionWeights(nn.Module):
 
         Tensor parallel: ``o`` holds this rank's heads, ``wo_b`` its input columns (row-parallel), and
         the ranks' partial outputs are summed."""
-        o = apply_rope(o, positions, self.freqs, inverse=True)
+        o = apply_rope(o, positions, self.freqs, inverse=True, kernels=self.small_ops)
         t, g, r = o.shape[0], self.n_groups, self.cfg.o_lora_rank
         wo_a = self.wo_a.weight.view(g, r, -1)
         o = o.reshape(t, g, -1).to(wo_a.dtype).transpose(0, 1)  # [g, T, d]

@@ -40,14 +40,16 @@ from atom.kv_group import CSA_OVERLAP_ROWS, is_csa, state_ring_rows
 
 from .cache import CompressorState
 from .config import DeepseekV4Config
+from .fused_ops import SmallOpsUser
 from .layers import Linear, RMSNorm
 from .merged_linear import MergedLinear
 from .quant import fp4_roundtrip, hadamard_rotate, kv_row_roundtrip
 from .rope import apply_rope
 
 
-class Compressor(nn.Module):
-    """Gated pooling compressor of one layer (``head_dim`` = c; ``for_indexer`` selects the FP4 round-trip)."""
+class Compressor(SmallOpsUser, nn.Module):
+    """Gated pooling compressor of one layer (``head_dim`` = c; ``for_indexer`` selects the FP4 round-trip); the
+    entries' RoPE runs with its bound :attr:`small_ops` (:mod:`.fused_ops`)."""
 
     def __init__(self, cfg: DeepseekV4Config, ratio: int, head_dim: int, freqs: torch.Tensor, *,
                  for_indexer: bool = False, dtype: torch.dtype | None = None,
@@ -151,7 +153,7 @@ class Compressor(nn.Module):
         round-trip if enabled. ``positions``: ``ids * m`` when the caller already has it (an engine computes it
         once per step for every layer), else computed here."""
         e = self.norm(pooled.float())
-        e = apply_rope(e, ids * self.ratio if positions is None else positions, self.freqs)
+        e = apply_rope(e, ids * self.ratio if positions is None else positions, self.freqs, kernels=self.small_ops)
         if self.cfg.quant_sim:
             if self.for_indexer:
                 e = fp4_roundtrip(hadamard_rotate(e), self.cfg.fp4_block)

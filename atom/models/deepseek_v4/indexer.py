@@ -22,13 +22,15 @@ from atom.kernels.index_topk import topk_picks
 
 from .compressor import Compressor
 from .config import DeepseekV4Config
+from .fused_ops import SmallOpsUser
 from .layers import Linear
 from .quant import fp4_roundtrip, hadamard_rotate
 from .rope import apply_rope
 
 
-class Indexer(nn.Module):
-    """The lightning indexer of one CSA layer."""
+class Indexer(SmallOpsUser, nn.Module):
+    """The lightning indexer of one CSA layer; its queries' RoPE runs with its bound :attr:`small_ops`
+    (:mod:`.fused_ops`)."""
 
     def __init__(self, cfg: DeepseekV4Config, freqs: torch.Tensor, *, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
@@ -45,7 +47,7 @@ class Indexer(nn.Module):
 
     def heads_q(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The indexer queries ``[T, nI, cI]`` from ``wq_b``'s output ``[T, nI * cI]``."""
-        q = apply_rope(q.unflatten(-1, (self.n_heads, self.head_dim)), positions, self.freqs)
+        q = apply_rope(q.unflatten(-1, (self.n_heads, self.head_dim)), positions, self.freqs, kernels=self.small_ops)
         if self.cfg.quant_sim:
             q = fp4_roundtrip(hadamard_rotate(q), self.cfg.fp4_block)
         return q

@@ -12,14 +12,17 @@ token-local work through it when ``cfg.batch_invariant`` is set.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fused_ops import active_small_ops, attach_fp8_input, attached_fp8_input
+from .fused_ops import SmallOpsUser, attach_fp8_input, attached_fp8_input
 from .quant import act_quant_block, fp8_roundtrip
+
+if TYPE_CHECKING:
+    from atom.kernels.backend import KernelSet
 
 
 def map_rows(fn: Callable[..., Any], row_wise: bool, *args: torch.Tensor | None) -> Any:
@@ -151,20 +154,21 @@ class Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt}"
 
 
-class RMSNorm(nn.Module):
-    """Weighted RMSNorm over the last dim, computed in fp32: ``x * rsqrt(mean(x^2) + eps) * weight``."""
+class RMSNorm(SmallOpsUser, nn.Module):
+    """Weighted RMSNorm over the last dim, computed in fp32: ``x * rsqrt(mean(x^2) + eps) * weight``; with a
+    bound kernel set (:attr:`small_ops`, see :mod:`.fused_ops`) its ``rms_norm`` kernel instead."""
 
     def __init__(self, dim: int, eps: float, *, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device))
-        #: the activation block of the W8A8 linears this norm feeds (0: none); inside :func:`fused_small_ops` the
-        #: norm then also quantizes its output in the same launch (``rms_norm_fp8``) and attaches it for them
+        #: the activation block of the W8A8 linears this norm feeds (0: none); with a bound kernel set the norm
+        #: then also quantizes its output in the same launch (``rms_norm_fp8``) and attaches it for them
         self.fp8_block = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernels = active_small_ops()
+        kernels = self.small_ops
         if kernels is not None and self.fp8_block:
             y, xq, xs = kernels.rms_norm_fp8(x.reshape(-1, x.shape[-1]), self.weight, self.eps, self.fp8_block)
             return attach_fp8_input(y.view(x.shape), self.fp8_block, xq, xs)
@@ -176,9 +180,10 @@ class RMSNorm(nn.Module):
         return (x * self.weight.float()).to(dtype)
 
 
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS normalisation without weight over the last dim (per-head query norm, mHC input norm)."""
-    kernels = active_small_ops()
+def rms_normalize(x: torch.Tensor, eps: float, *, kernels: KernelSet | None = None) -> torch.Tensor:
+    """RMS normalisation without weight over the last dim (per-head query norm, mHC input norm); ``kernels``: the
+    caller's bound kernel set (:attr:`~.fused_ops.SmallOpsUser.small_ops`), whose ``rms_norm`` then runs; None:
+    the torch arithmetic."""
     if kernels is not None:
         return kernels.rms_norm(x, None, eps)
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)

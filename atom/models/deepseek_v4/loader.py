@@ -373,8 +373,9 @@ def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32
                     device: torch.device | str = "cpu", keep_quantized: bool = True, load_mtp: bool = True,
                     progress: bool = False, model_class: type[ModelWeights] = DeepseekV4Model,
                     **overrides: object) -> ModelWeights:
-    """The model of ``directory`` on ``device`` in evaluation mode: dense weights in ``dtype``, quantized ones as
-    stored; ``model_class`` as for :func:`plan_model` (default: the reference model).
+    """The model of ``directory`` on ``device`` in evaluation mode: dense weights in ``dtype`` (the router's and the
+    compressors', which compute in fp32, in fp32: ``ModelWeights.cast_fp32_weights``), quantized ones as stored;
+    ``model_class`` as for :func:`plan_model` (default: the reference model).
 
     ``overrides`` set config fields (``quant_sim=True`` also FP8-quantizes the inputs of quantized GEMMs).
     Raises ``CheckpointError`` before reading any data when names, shapes, dtypes or free memory are wrong.
@@ -384,6 +385,7 @@ def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32
                                                          overrides)
         _read_into(modules, expected, index, dequant, device, progress)
         _evaluation_mode(modules)
+        model.cast_fp32_weights()  # the fp32 GEMMs' weights (router, compressor): cast once, not per call
     return model
 
 

@@ -10,6 +10,7 @@ Entry points (all run under ``torch.no_grad``):
 * ``mtp_extend(cache, hidden, next_tokens, start_pos) -> logits``: the MTP head for the same positions.
 * ``snapshot(cache)`` / ``restore(snap, cache)``: the dsv4_model.md section 4.2 boundary state.
 * ``bind_kernels(kernel_set)``: the GEMM implementation of the Linears that keep quantized weights.
+* ``cast_fp32_weights()``: the router and compressor weights held in fp32 (``load_checkpoint`` calls it).
 
 Prefill, chunked extend and decode run the same per-token code path (see attention.py / compressor.py), so the
 caches and logits do not depend on the chunking; with ``cfg.batch_invariant`` they are bit-identical.
@@ -28,9 +29,11 @@ from atom.comm import SINGLE_RANK, Comm
 from . import cache as cache_mod
 from .block import Block, BlockWeights, MTPBlock, MTPWeights
 from .cache import CacheSnapshot, SequenceCache
+from .compressor import Compressor
 from .config import DeepseekV4Config
 from .layers import Embedding, Linear, RMSNorm, map_rows
 from .mhc import hc_head
+from .moe import Gate
 
 
 class ForwardOutput(NamedTuple):
@@ -73,6 +76,23 @@ class ModelWeights(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.bind_gemm(kernels)
+
+    def cast_fp32_weights(self) -> None:
+        """Hold the router (``Gate.weight``, and its bias where a ``.to()`` made it narrower) and compressor
+        (``wkv`` / ``wgate``) weights in fp32: their GEMMs run in fp32 (``weight.float()`` in ``Gate.scores`` and
+        ``Compressor.project_raw``), which then returns the weight itself instead of copying it on every call.
+        Same values (a widening cast is exact), so the same results bit for bit. ``load_checkpoint`` calls it, and
+        the serving model again when it binds its kernels (after a ``.to()`` that narrowed them)."""
+        for module in self.modules():
+            if isinstance(module, Gate):
+                weights = [module.weight] if module.bias is None else [module.weight, module.bias]
+            elif isinstance(module, Compressor):
+                weights = [module.wkv.weight, module.wgate.weight]
+            else:
+                continue
+            for w in weights:
+                if w.is_floating_point() and w.dtype != torch.float32:
+                    w.data = w.data.float()
 
     # ----- pieces -------------------------------------------------------------------------------------------------
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
 from .config import DeepseekV4Config
 from .device_constants import on_device
-from .fused_ops import active_small_ops
+
+if TYPE_CHECKING:
+    from atom.kernels.backend import KernelSet
 
 
 def _correction_dim(num_rotations: float, dim: int, base: float, max_seq_len: int) -> float:
@@ -81,14 +83,16 @@ def rope_tables(positions: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Ten
     return tables
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False, *,
+               kernels: KernelSet | None = None) -> torch.Tensor:
     """Rotate the last ``2 * len(freqs)`` dims of ``x`` (``[T, ..., D]``) by ``positions`` (``[T]``).
 
     Returns a new tensor; the other dims are copied unchanged.  ``inverse`` rotates by ``-pos``.  Each pair
     is ``(e c - o s, o c + e s)``, computed as ``x * cos2 + swap(x) * sin2`` (``swap`` exchanges the two
-    members of each pair; ``e c + o (-s)`` rounds exactly like ``e c - o s``).
+    members of each pair; ``e c + o (-s)`` rounds exactly like ``e c - o s``).  ``kernels``: the caller's bound
+    kernel set (:attr:`~.fused_ops.SmallOpsUser.small_ops`), whose ``rope`` kernel then rotates in one launch;
+    None: the torch arithmetic above.
     """
-    kernels = active_small_ops()
     if kernels is not None:  # a GPU backend's fused kernel (see fused_ops.py)
         return kernels.rope(x, positions, on_device(freqs, positions.device), inverse)
     rd = 2 * freqs.shape[0]
@@ -104,12 +108,11 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, in
 
 
 def normed_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor,
-                freqs: torch.Tensor) -> torch.Tensor:
+                freqs: torch.Tensor, *, kernels: KernelSet | None = None) -> torch.Tensor:
     """:func:`apply_rope` of ``x`` RMS-normalised over its last dim (times ``weight`` when given) and rounded to
     ``x``'s dtype: the arithmetic of ``RMSNorm`` (``rms_normalize(x.float(), eps).to(x.dtype)`` without weight)
-    followed by the rotation, op for op. Inside :func:`~.fused_ops.fused_small_ops` one ``rms_norm_rope`` launch,
-    which reads a strided ``x`` in place."""
-    kernels = active_small_ops()
+    followed by the rotation, op for op. With ``kernels`` (the caller's bound kernel set) one ``rms_norm_rope``
+    launch, which reads a strided ``x`` in place."""
     if kernels is not None:
         return kernels.rms_norm_rope(x, weight, eps, positions, on_device(freqs, positions.device))
     y = x.float()

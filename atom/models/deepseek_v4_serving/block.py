@@ -6,6 +6,8 @@ attention, mHC again, the FFN norm, the MoE and the last mHC fold: the reference
 ``hc_pre`` / ``RMSNorm``, and :func:`hc_post_accumulate`, the reference's ``hc_post`` without its
 ``[T, 1 + hc, hc, d]`` fp32 temporary), with the step's tensors in place of the explicit cache. With
 ``cfg.batch_invariant`` the token-local parts run one row at a time (``map_rows``), as in the reference.
+On a GPU backend the norms, rotations and mHC mixes run the kernel set's fused small ops, bound once
+(:meth:`ServingBlock.bind_small_ops`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from atom.kernels.backend import KernelSet
 from atom.model_ops.step_inputs import PageTables, StepInputs
 from atom.models.deepseek_v4.block import BlockWeights, MTPWeights
-from atom.models.deepseek_v4.fused_ops import fused_small_ops
+from atom.models.deepseek_v4.fused_ops import SmallOpsUser, bind_small_ops
 from atom.models.deepseek_v4.layers import map_rows
 
 from .attention import ArenaAttention
@@ -45,26 +47,27 @@ def hc_post_accumulate(y: torch.Tensor, residual: torch.Tensor, post: torch.Tens
     return acc.to(residual.dtype)
 
 
-class ServingBlock(BlockWeights):
+class ServingBlock(SmallOpsUser, BlockWeights):
     """Decoder block ``layer_id`` of the serving model."""
 
     attention_class = ArenaAttention
     ffn_class = ServingMoE
     attn: ArenaAttention
     ffn: ServingMoE
-    _fp8_norms_for: KernelSet | None = None  # the kernel set :meth:`bind_fp8_norms` last ran for
     fp8_norm_inputs = FP8_NORM_INPUTS  # the norms :meth:`bind_fp8_norms` binds, and the linears each feeds
 
-    def small_ops(self) -> KernelSet | None:
-        """The kernel set whose fused small ops (RMSNorm, RoPE, ``hc_pre``, ``hc_post``) this block runs: the
-        arena's on a GPU backend; None on the torch backend, which keeps the reference's torch arithmetic op for
-        op (the CPU engine is compared with the reference model value for value)."""
-        k = self.attn.k
-        return None if k is None or k.sources["rms_norm"] == "torch" else k
+    def bind_small_ops(self, kernels: KernelSet | None) -> None:
+        """Run this block's small token-local ops with ``kernels``' fused kernels (``hc_pre`` / ``hc_post`` here;
+        ``rms_norm``, ``rope``, ``rms_norm_rope`` in its norms, attention, compressors and indexer: every
+        :class:`~atom.models.deepseek_v4.fused_ops.SmallOpsUser` in it), or with the reference's torch arithmetic op
+        for op (None: the torch backend, whose engine is compared with the reference model value for value); then
+        :meth:`bind_fp8_norms`. The serving model calls it once its linears' GEMMs are bound (``bind_arena``)."""
+        bind_small_ops(self, kernels)
+        self.bind_fp8_norms()
 
     def hc_mix(self, h: torch.Tensor, prefix: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``BlockWeights.hc_mix``; on a GPU backend one fused ``hc_pre`` launch (norm, gates, Sinkhorn, mix)."""
-        k = self.small_ops()
+        k = self.small_ops
         if k is None:
             return super().hc_mix(h, prefix)
         c = self.cfg
@@ -74,36 +77,19 @@ class ServingBlock(BlockWeights):
     def ffn_sublayer(self, a: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                      token_ids: torch.Tensor) -> torch.Tensor:
         """Token-local: fold the attention output ``a`` into the stream ``h``, then the FFN sub-layer."""
-        k = self.small_ops()
+        k = self.small_ops
         fold = hc_post_accumulate if k is None else k.hc_post
         h = fold(a, h, post, comb)
         y, post, comb = self.hc_mix(h, "hc_ffn")
         return fold(self.ffn(self.ffn_norm(y), token_ids), h, post, comb)
 
-    def forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
-        """The new stream ``[T, hc, d]`` of the step's rows; writes their KV rows into the arena. On a GPU
-        backend the norms and rotations inside run the fused kernels (:func:`fused_small_ops`)."""
-        k = self.bound_small_ops()
-        if k is None:
-            return self._forward(h, step, tables)
-        with fused_small_ops(k):
-            return self._forward(h, step, tables)
-
-    def bound_small_ops(self) -> KernelSet | None:
-        """:meth:`small_ops`, with :meth:`bind_fp8_norms` run once for that kernel set."""
-        k = self.small_ops()
-        if k is not None and self._fp8_norms_for is not k:
-            self.bind_fp8_norms()
-            self._fp8_norms_for = k
-        return k
-
     def bind_fp8_norms(self) -> None:
         """Give each norm of :attr:`fp8_norm_inputs` the activation block of the W8A8 linears it feeds (``Linear.w8a8``
-        bound; 0 when none is, or they disagree), so on a GPU backend it quantizes its output for them in its own
-        launch (``rms_norm_fp8``) instead of each linear launching ``fp8_act_quant``."""
+        bound; 0 when none is, they disagree, or no fused kernel set is bound), so on a GPU backend it quantizes its
+        output for them in its own launch (``rms_norm_fp8``) instead of each linear launching ``fp8_act_quant``."""
         for norm_path, linear_paths in self.fp8_norm_inputs.items():
             blocks = set()
-            for path in linear_paths:
+            for path in linear_paths if self.small_ops is not None else ():
                 try:
                     lin = self.get_submodule(path)
                 except AttributeError:  # no indexer on this layer, no shared expert
@@ -112,7 +98,8 @@ class ServingBlock(BlockWeights):
                     blocks.add(lin.act_block)
             self.get_submodule(norm_path).fp8_block = blocks.pop() if len(blocks) == 1 else 0
 
-    def _forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, step: StepInputs, tables: PageTables) -> torch.Tensor:
+        """The new stream ``[T, hc, d]`` of the step's rows; writes their KV rows into the arena."""
         rw = self.cfg.batch_invariant
         x, post, comb = map_rows(self.attn_input, rw, h)
         a = self.attn(x, step, tables)
@@ -121,15 +108,14 @@ class ServingBlock(BlockWeights):
 
 class ServingMTPBlock(MTPWeights, ServingBlock):
     """The MTP block of the serving model: the MTP parameters and input / collapse of :class:`MTPWeights`
-    around a serving block (its SWA rows live in the arena like any layer's)."""
+    around a serving block (its SWA rows live in the arena like any layer's). On a GPU backend ``enorm`` /
+    ``hnorm`` run the fused norm kernel like the block's own norms, quantizing for ``e_proj`` / ``h_proj`` in the
+    same launch when those run W8A8 (``rms_norm_fp8``)."""
 
     fp8_norm_inputs = {**FP8_NORM_INPUTS, **MTP_FP8_NORM_INPUTS}
 
-    def mtp_input(self, h: torch.Tensor, next_emb: torch.Tensor) -> torch.Tensor:
-        """``MTPWeights.mtp_input``; on a GPU backend ``enorm`` / ``hnorm`` run the fused norm kernel like the block's
-        own norms, quantizing for ``e_proj`` / ``h_proj`` in the same launch when those run W8A8 (``rms_norm_fp8``)."""
-        k = self.bound_small_ops()
-        if k is None:
-            return super().mtp_input(h, next_emb)
-        with fused_small_ops(k):
-            return super().mtp_input(h, next_emb)
+    def bind_small_ops(self, kernels: KernelSet | None) -> None:
+        """:meth:`ServingBlock.bind_small_ops`, except ``norm``: the collapse (:meth:`mtp_collapse`) runs after the
+        block with the LM head, whose norms keep the torch arithmetic (as the model's final ``norm`` does)."""
+        super().bind_small_ops(kernels)
+        self.norm.small_ops = None

@@ -25,10 +25,9 @@ from atom.kernels.backend import KernelSet
 from atom.kernels.step_memo import step_memo
 from atom.model_ops.kv_views import KvViews
 from atom.model_ops.step_inputs import PageTables, RowSubset, StepInputs
-from atom.models.deepseek_v4.compressor import Compressor
+from atom.models.deepseek_v4.fused_ops import fused_small_ops_for
 from atom.models.deepseek_v4.layers import map_rows
 from atom.models.deepseek_v4.model import ModelWeights
-from atom.models.deepseek_v4.moe import Gate
 from atom.models.deepseek_v4.rope import shared_rope_tables
 
 from .block import ServingBlock, ServingMTPBlock
@@ -61,7 +60,9 @@ class DeepseekV4ForServing(ModelWeights):
 
     def bind_arena(self, views: KvViews, kernels: KernelSet, *, host_free_experts: bool = False) -> None:
         """Run every layer (the MTP block included) on the arena ``views`` with ``kernels``' ops, and every
-        quantized Linear's GEMM and every MoE's routed experts with ``kernels``' implementations; the
+        quantized Linear's GEMM and every MoE's routed experts with ``kernels``' implementations; the blocks' small
+        token-local ops with its fused kernels on a GPU backend, with the reference's torch arithmetic on the torch
+        backend (``ServingBlock.bind_small_ops``, :func:`fused_small_ops_for`); the
         weights the forward computes with in fp32 are cast once here (:meth:`cast_fp32_weights`).
         ``host_free_experts``: routed experts the torch backend cannot group (quantized, or a partition)
         run ``fused_moe``'s reference there, which reads nothing back (``ServingMoE.bind_kernels``)."""
@@ -71,22 +72,7 @@ class DeepseekV4ForServing(ModelWeights):
         for block in list(self.layers) + list(self.mtp):
             block.attn.bind_arena(views, kernels)
             block.ffn.bind_kernels(kernels, host_free=host_free_experts)
-
-    def cast_fp32_weights(self) -> None:
-        """Hold the router (``Gate.weight``, and its bias where a ``.to()`` made it narrower) and compressor
-        (``wkv`` / ``wgate``) weights in fp32: their GEMMs run in fp32 (``weight.float()`` in the shared
-        classes), which then returns the weight itself instead of copying it on every step. Same values, so
-        the same results bit for bit."""
-        for module in self.modules():
-            if isinstance(module, Gate):
-                weights = [module.weight] if module.bias is None else [module.weight, module.bias]
-            elif isinstance(module, Compressor):
-                weights = [module.wkv.weight, module.wgate.weight]
-            else:
-                continue
-            for w in weights:
-                if w.is_floating_point() and w.dtype != torch.float32:
-                    w.data = w.data.float()
+            block.bind_small_ops(fused_small_ops_for(kernels))  # after the GEMMs: its norms read their W8A8 binding
 
     def share_rope_frequencies(self) -> None:
         """Give every module's RoPE ``freqs`` of equal values one tensor object. The step's rotation tables are
