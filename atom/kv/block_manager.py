@@ -39,7 +39,7 @@ from atom.kv.compressed_pool import CompressedPool
 from atom.kv import host_tier
 from atom.kv.host_pool import HostPool
 from atom.kv.kv_block import chain_hashes
-from atom.kv.kv_holdings import KvHoldings
+from atom.kv.kv_holdings import SCRATCH, KvHoldings
 from atom.kv.kv_layout import KvLayout
 from atom.kv.tables import HostCopy, NewTables, TableUpdate
 from atom.kv.page_map import COMPRESS, STATE, SWA, LogicalPageMap
@@ -206,10 +206,10 @@ class BlockManager:
             host_tier.restore(self, restore, claimed, self._first_pages(blocks, num_new, extra))
         h = self.holdings[seq.seq_id] = KvHoldings(seq.seq_id, self.updates)
         self._claim_hit(h, chain, blocks)
+        h.retain_boundaries = self._retain_boundaries(seq, match)  # (before growth: it decides what is kept)
         seq.num_computed_tokens = seq.num_cached_tokens = start
         self.grow(seq, num_new, within_pins=True)
         h.state_fresh = True
-        h.retain_boundaries = self._retain_boundaries(seq, match)
         if seq.num_preemptions == 0:  # a re-admission's hit is mostly its own recompute: count once
             self._count(seq, match)
         if self.prefix_caching:
@@ -318,6 +318,7 @@ class BlockManager:
         h = self.holdings[producer]
         if end not in h.retain_boundaries:
             h.retain_boundaries += (end,)
+            self.swa.promote(h, end)  # its step may have backed that window for the step only
         self.waits_for_prefix += 1
         return True
 
@@ -493,15 +494,26 @@ class BlockManager:
         assert sorted(self.holdings) == sorted(s.seq_id for s in seqs), "holdings differ from the running requests"
         comp_holders: dict[int, int] = {}
         swa_holders: dict[int, int] = {bid: 1 for bid in self.swa.pinned_ids()}
+        scratch: list[int] = []  # pages of SWA entries backed for their step only
         for h in self.holdings.values():
             for pool, table, holders in ((self.comp.pool, h.comp, comp_holders), (self.swa.pool, h.swa, swa_holders)):
                 assert len(table.blocks) == len(table.pages)
                 for bid, page in zip(table.blocks, table.pages):
+                    if bid == SCRATCH and table is h.swa:
+                        assert page >= 0, f"seq {h.seq_id}: a scratch SWA entry without a page"
+                        scratch.append(page)
+                        continue
                     if bid < 0:
                         assert page == -1
                         continue
                     holders[bid] = holders.get(bid, 0) + 1
                     assert pool.page(bid) == page, f"seq {h.seq_id}: stale {pool.owner} page"
+        assert len(scratch) == self.arena.num_unmapped(SWA), \
+            f"{len(scratch)} scratch SWA entries, {self.arena.num_unmapped(SWA)} unmapped SWA pages"
+        assert len(set(scratch)) == len(scratch), "a scratch SWA page in two entries"
+        mapped = set(self.swa.pool.pages) - {-1}
+        assert mapped.isdisjoint(scratch), "a scratch SWA page is also a logical block's page"
+        assert set(self.arena.spare_pages(SWA)).isdisjoint(scratch), "a scratch SWA page is also spare"
         self.comp.pool.check_integrity(comp_holders)
         self.swa.pool.check_integrity(swa_holders)
         self.arena.check_integrity()

@@ -113,6 +113,22 @@ class BlockPool:
             ch[bid] = page // ppc
         return ids, pages
 
+    def bind(self, pages: list[int]) -> list[int]:
+        """Fresh blocks, ref 1 each, for pages the arena lent without a logical id
+        (:meth:`LogicalPageMap.take_unmapped`), in the same order; returns their ids."""
+        n = len(pages)
+        if n == 0:
+            return []
+        ids = self._vacant[-n:][::-1]
+        del self._vacant[-n:]
+        self.arena.map_unmapped(self.owner, ids, pages)
+        ref, pg, ch, ppc = self.ref, self.pages, self._chunk, self._ppc
+        for bid, page in zip(ids, pages):
+            ref[bid] = 1
+            pg[bid] = page
+            ch[bid] = page // ppc
+        return ids
+
     def claim(self, block_id: int) -> None:
         """Take one more reference to a used or cached block."""
         if self.ref[block_id] == 0:

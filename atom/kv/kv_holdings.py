@@ -3,7 +3,9 @@
 ``Sequence`` keeps tokens and progress; everything the arena lends a request lives here::
 
     comp   blocks / pages   one compressed block per B positions, held to the end
-    swa    blocks / pages   -1 before the window (released), blocks for the window and the step
+    swa    blocks / pages   -1 before the window (released), blocks for the window and the step;
+                            SCRATCH (-2) with a page: a block the step writes that leaves the window
+                            at its end and is not kept, backed by a page without a logical id
     state_slot              the request's compressor-state page (a page of the ``state`` owner), -1 = none
     restore_page            SWA page whose CSA boundary state seeds that page (prefix hit), or -1
     published_upto          blocks 0 .. published_upto-1 are published (or private duplicates)
@@ -20,7 +22,11 @@ from atom.kv.tables import TableUpdate
 from atom.kv.page_map import Owner
 from atom.kv.prefix_index import NO_NODE
 
-__all__ = ["BlockTable", "KvHoldings"]
+__all__ = ["BlockTable", "KvHoldings", "SCRATCH"]
+
+# An SWA table entry backed for one step only: its page was lent without a logical id (it is never
+# published, and goes back to the arena when the block leaves the window after the step)
+SCRATCH = -2
 
 
 class BlockTable:

@@ -133,6 +133,44 @@ class LogicalPageMap:
             raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
         self._give_back(owner, page)
 
+    # ---- pages without a logical id (a step's SWA blocks that leave the window in that step) ----
+    def take_unmapped(self, owner: str, n: int) -> list[int]:
+        """``n`` pages of ``owner`` held without a logical id, all or nothing (:class:`ArenaEmpty`,
+        changing nothing). They count as used until :meth:`give_back_unmapped` returns them or
+        :meth:`map_unmapped` gives them ids. Here each is kept in the map under the key
+        ``-1 - page`` (never a logical id), so arenas that count the map count them as used."""
+        if not self.can_alloc_one(owner, n):
+            counts = {SWA: 0, COMPRESS: 0, STATE: 0}
+            counts[owner] = n
+            raise ArenaEmpty(self._shortfall(counts[SWA], counts[COMPRESS], counts[STATE]))
+        pages = self._take_pages(owner, n)
+        self._phys[owner].update({-1 - page: page for page in pages})
+        return pages
+
+    def map_unmapped(self, owner: str, lids: Sequence[int], pages: Sequence[int]) -> None:
+        """Unmapped pages ``pages`` (from :meth:`take_unmapped`) become the pages of fresh logical ids
+        ``lids`` (same order)."""
+        phys = self._phys[owner]
+        for page in pages:
+            del phys[-1 - page]
+        phys.update(zip(lids, pages))
+
+    def give_back_unmapped(self, owner: str, pages: list[int]) -> None:
+        """Return unmapped pages (from :meth:`take_unmapped`) to the free lists."""
+        phys = self._phys[owner]
+        for page in pages:
+            del phys[-1 - page]
+        self._give_back_pages(owner, pages)
+
+    def num_unmapped(self, owner: str) -> int:
+        """Pages of ``owner`` held without a logical id."""
+        return sum(1 for key in self._phys[owner] if key < 0)
+
+    def spare_pages(self, owner: str) -> list[int]:
+        """Pages given back unmapped that the arena keeps to lend again first (none here: they go
+        straight back to the free pages)."""
+        return []
+
     def _check_maps(self) -> None:
         for owner, phys in self._phys.items():
             pages = list(phys.values())

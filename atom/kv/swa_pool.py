@@ -10,6 +10,9 @@ Rules (the full statement, with examples, is ``docs/prefix_cache.md``):
   A block is published only once **all** ``block_size`` rows are written (``publish_full``), and
   only if it outlives the step (a block that leaves the window in the same step and is not kept
   would be evicted at once).
+- A block that a step writes and that leaves the window at the end of that step, and is not kept (see
+  below), gets a page for the step but no logical id (``SCRATCH`` in the table): most blocks of a long
+  prefill chunk. A waiting request that makes such a window kept gives it ids (``promote``).
 - After a step, blocks that no query will read again (``(j+1)*B <= computed - W + 1``) are released.
   Default mode keeps cached only the blocks the request got from the cache and the windows before its
   prompt's last block boundary (where a repeat of the prompt resumes) and before a shared-prefix
@@ -39,7 +42,7 @@ from typing import Sequence
 
 from atom.config import CacheConfig
 from atom.kv.block_pool import BlockPool
-from atom.kv.kv_holdings import KvHoldings
+from atom.kv.kv_holdings import SCRATCH, KvHoldings
 from atom.kv.page_map import SWA, LogicalPageMap
 from atom.kv.prefix_index import PrefixIndex
 
@@ -136,20 +139,53 @@ class SlidingWindowPool:
         blocks, held = h.swa.blocks, len(h.swa.blocks)
         if first >= held:
             return last - first + 1
-        return sum(1 for j in range(first, min(last + 1, held)) if blocks[j] < 0) + max(0, last + 1 - held)
+        return sum(1 for j in range(first, min(last + 1, held)) if blocks[j] == -1) + max(0, last + 1 - held)
 
     def ensure(self, h: KvHoldings, start: int, num_new: int) -> None:
-        """Back every block positions ``start ..`` touch (room was made by the caller)."""
+        """Back every block positions ``start ..`` touch (room was made by the caller). New blocks
+        that leave the window at the end of this step and are not kept (:meth:`_kept_indices`) get a
+        page but no logical id (``SCRATCH`` in the table, :meth:`_back_with_scratch`)."""
         first, last = start // self.block_size, (start + num_new - 1) // self.block_size
         blocks = h.swa.blocks
         if first >= len(blocks):  # the usual case: every block is new, one run
+            leaving = min(self._window_start(start + num_new), last + 1)
+            if leaving > first and not self.full_retain:
+                self._back_with_scratch(h, first, last, leaving)
+                return
             ids, pages = self.pool.allocate(last - first + 1)
             h.write(SWA, first, ids, pages)
             return
-        missing = [j for j in range(first, last + 1) if j >= len(blocks) or blocks[j] < 0]
+        missing = [j for j in range(first, last + 1) if j >= len(blocks) or blocks[j] == -1]
         ids, pages = self.pool.allocate(len(missing))
         for j, bid, page in zip(missing, ids, pages):
             h.write(SWA, j, [bid], [page])
+
+    def _back_with_scratch(self, h: KvHoldings, first: int, last: int, leaving: int) -> None:
+        """Back new blocks ``first .. last`` of which ``first .. leaving-1`` leave the window after
+        this step: those not kept get a page only (a prefill chunk's window-long tail is all a later
+        query reads; the runner still writes every row of the chunk into its pages), the rest get
+        logical ids too. The pages are taken in one run (the arena lends the spare pages of the
+        previous such step first); so a block that leaves costs no id, no reference and no
+        publication, and :meth:`release_out_of_window` hands its page back without an id to drop."""
+        arena, n = self.pool.arena, last - first + 1
+        pages = arena.take_unmapped(SWA, n)
+        table = [SCRATCH] * (leaving - first)
+        keep = sorted(self._kept_indices(h, first, leaving))
+        ids = self.pool.bind([pages[j - first] for j in keep] + pages[leaving - first:])
+        for j, bid in zip(keep, ids):
+            table[j - first] = bid
+        h.write(SWA, first, table + ids[len(keep):], pages)
+
+    def promote(self, h: KvHoldings, boundary: int) -> None:
+        """The window before ``boundary`` is now kept (a retention boundary added after the step was
+        backed): its ``SCRATCH`` blocks get logical ids for the pages they have (no table change)."""
+        blocks = h.swa.blocks
+        idx = [j for j in range(max(0, boundary - self.tail_blocks), min(boundary, len(blocks)))
+               if blocks[j] == SCRATCH]
+        if idx:
+            ids = self.pool.bind([h.swa.pages[j] for j in idx])
+            for j, bid in zip(idx, ids):
+                blocks[j] = bid
 
     def publish_full(self, h: KvHoldings, nodes: Sequence[int], first_block: int, computed: int,
                      num_prompt_tokens: int, tokens: Sequence[int] = ()) -> None:
@@ -181,11 +217,15 @@ class SlidingWindowPool:
         if hi <= lo:
             return
         keep, run = self._kept_indices(h, lo, hi), h.swa.blocks[lo:hi]
+        if SCRATCH in run:  # pages lent for the step without ids (_back_with_scratch)
+            self.pool.arena.give_back_unmapped(SWA, [page for bid, page in zip(run, h.swa.pages[lo:hi])
+                                                     if bid == SCRATCH])
         kept = []
         if keep and not isinstance(keep, range):  # a few retained windows: take them out of the run
             for j in sorted(keep):
-                bid, run[j - lo] = run[j - lo], -1
+                bid = run[j - lo]
                 if bid >= 0:
+                    run[j - lo] = -1
                     kept.append(bid)
         elif keep:  # full retain: the whole run is kept
             kept, run = [bid for bid in run if bid >= 0], []
@@ -217,8 +257,11 @@ class SlidingWindowPool:
     def release_all(self, h: KvHoldings) -> None:
         """Release every block held; published ones stay cached (the resumable tail)."""
         held = h.swa.blocks[h.swa_released_upto:]  # entries before it are -1 (released)
+        if SCRATCH in held:  # (ended between a step's growth and its end)
+            pages = h.swa.pages[h.swa_released_upto:]
+            self.pool.arena.give_back_unmapped(SWA, [page for bid, page in zip(held, pages) if bid == SCRATCH])
         held.reverse()
-        if -1 in held:  # (rare: every entry from the released mark on holds a block)
+        if -1 in held or SCRATCH in held:  # (rare: every entry from the released mark on holds a block)
             held = [bid for bid in held if bid >= 0]
         self.pool.release_many(held, keep=True)
 
