@@ -9,8 +9,13 @@ ring, and from a column window of it::
                                                  score[t, cols] + ape[positions[t] % ratio, cols]
                        else ring_row[e, r] >= 0 -> ring_kv[ring_row // ring, ring_row % ring, col[r] : ...]
                                                    (same for ring_score: the ring holds scores with ape added)
-                       else padding: kv 0, score -inf
+                       else padding: kv 0, score PAD_SCORE (the lowest finite fp32)
     pooled[e] = sum_r softmax_r(score rows) * kv rows        (per channel, fp32)
+
+A padding row's weight ``exp(PAD_SCORE - max)`` is exactly 0 beside any real row, as ``-inf``'s would be, so
+real entries pool to the same bits; an entry of padding rows only (the fixed-size entry lists pad with them, and
+``compressed_write`` skips them) pools to 0 instead of ``0 / 0``: no NaN is made, on the GPU or under the
+interpreter (where ``-inf - -inf`` is numpy's "invalid value" warning).
 
 The positional bias ``ape`` (``[ratio, W]``) is added to the fresh rows' scores here, with the one fp32 add
 ``compressor_state_update`` applies on the way into the ring, so a row pools to the same value whether it
@@ -30,7 +35,10 @@ from ._common import HAS_TRITON, check_index, check_positive, check_rows, check_
 from .step_memo import memoized
 from .tiles import tiles_for
 
-__all__ = ["entry_pool", "entry_pool_ref"]
+__all__ = ["entry_pool", "entry_pool_ref", "PAD_SCORE"]
+
+#: a padding row's score: the lowest finite fp32 (module docstring)
+PAD_SCORE = float(torch.finfo(torch.float32).min)
 
 
 def _check(kv, score, ape, positions, ring_kv, ring_score, fresh_row, ring_row, col, width) -> None:
@@ -67,7 +75,7 @@ def entry_pool_ref(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, pos
 
     bias = ape[ape_at, cols]
     k = rows(kv[fresh_at, cols], ring_kv).masked_fill(pad, 0.0)
-    s = rows(score[fresh_at, cols] + bias, ring_score).masked_fill(pad, float("-inf"))
+    s = rows(score[fresh_at, cols] + bias, ring_score).masked_fill(pad, PAD_SCORE)
     return (k * s.softmax(dim=-2)).sum(dim=-2)
 
 
@@ -113,7 +121,7 @@ if HAS_TRITON:
         a_off = ((pos % ratio + ratio) % ratio).to(tl.int64)[:, None] * ape_stride + col
         s_f = tl.load(score_ptr + f_off, mask=mf, other=0.0) + tl.load(ape_ptr + a_off, mask=mf, other=0.0)
         s_r = tl.load(rscore_ptr + r_off, mask=mr, other=0.0)
-        s = tl.where(mf, s_f, tl.where(mr, s_r, float("-inf")))
+        s = tl.where(mf, s_f, tl.where(mr, s_r, -3.4028234663852886e38))  # PAD_SCORE
         s = tl.where(ok_w, s, 0.0)  # columns past the width: finite, never stored
         m = tl.max(s, axis=0)
         p = tl.exp(s - m[None, :])
