@@ -6,6 +6,7 @@ random model does not write tool calls by itself."""
 
 import contextlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -54,9 +55,20 @@ def _chat(srv, **kw):
     return srv.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], **kw)
 
 
-def test_a_dsml_call_comes_back_as_tool_calls_with_reasoning_apart(scripted_server):
-    with answering(scripted_server, ANSWER) as num_tokens:
-        r = _chat(scripted_server, max_tokens=num_tokens + 5, extra_body=THINKING)
+@pytest.fixture(scope="module")
+def called(scripted_server):
+    """The plain and the streamed response (its chunks) to a chat request answered by ``ANSWER``. The two
+    requests run at once, so the engine decodes the scripted answer (182 tokens with the end of sentence) in one
+    batch for both instead of once for each."""
+    with answering(scripted_server, ANSWER) as num_tokens, ThreadPoolExecutor(2) as pool:
+        plain = pool.submit(_chat, scripted_server, max_tokens=num_tokens + 5, extra_body=THINKING)
+        streamed = pool.submit(lambda: list(_chat(scripted_server, max_tokens=num_tokens + 5, extra_body=THINKING,
+                                                  stream=True)))
+        return plain.result(), streamed.result()
+
+
+def test_a_dsml_call_comes_back_as_tool_calls_with_reasoning_apart(called):
+    r, _ = called
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert (choice.message.reasoning_content, choice.message.content) == ("Need f.", "Calling.")
@@ -65,9 +77,8 @@ def test_a_dsml_call_comes_back_as_tool_calls_with_reasoning_apart(scripted_serv
     assert call.id.startswith("call_")
 
 
-def test_a_streamed_dsml_call_arrives_as_tool_call_deltas_and_no_content_piece_holds_dsml(scripted_server):
-    with answering(scripted_server, ANSWER) as num_tokens:
-        chunks = list(_chat(scripted_server, max_tokens=num_tokens + 5, extra_body=THINKING, stream=True))
+def test_a_streamed_dsml_call_arrives_as_tool_call_deltas_and_no_content_piece_holds_dsml(called):
+    _, chunks = called
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     contents = [d.content for d in deltas if d.content]
     assert "".join(contents) == "Calling." and not [c for c in contents if "｜" in c or "think>" in c]
