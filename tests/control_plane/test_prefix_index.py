@@ -61,6 +61,15 @@ def test_a_lookup_rejects_a_node_whose_key_differs():
     assert index.chain([1, 2], [keys(1)[0], b"other"], 2) == nodes[:1]
 
 
+def test_a_lookup_stops_at_the_first_absent_hash_and_never_starts_below_block_0():
+    index = PrefixIndex()
+    nodes = index.extend(NO_NODE, 0, [1, 2, 3], keys(1, 2, 3), 3)
+    index.ref(nodes[-1])
+    assert index.chain([1, 99, 3], keys(1, 99, 3), 3) == nodes[:1]  # block 2's node exists, block 1 is absent
+    assert index.chain([2, 3], keys(2, 3), 2) == []  # block 1's node is not a root
+    assert index.chain([1, 2, 3], keys(1, 2, 3), 2) == nodes[:2] and index.chain([1], keys(1), 0) == []
+
+
 def test_the_columns_grow_in_place_so_a_pool_may_keep_a_reference():
     index = PrefixIndex()
     comp = index.comp
