@@ -65,13 +65,16 @@ def test_other_threads_keep_the_interpreter_while_a_large_body_is_checked(preche
     spinner.start()
     try:
         time.sleep(0.05)
-        best = max(share_while_checked() for _ in range(3))
+        shares = []
+        while len(shares) < 3 and not any(share > 0.5 for share in shares):
+            shares.append(share_while_checked())
     finally:
         stop.set()
         spinner.join()
     # decoding this body in this process holds the lock: the spinner then keeps about 20 % of its rate
-    # (measured: 0.16-0.22); checked in the helper it keeps most of it (best of three, for a busy machine)
-    assert best > 0.5, best
+    # (measured: 0.16-0.22); checked in the helper it keeps most of it (best of three, for a busy machine;
+    # the rounds stop at the first over 0.5, since the best of three then is too)
+    assert max(shares) > 0.5, shares
 
 
 def test_when_a_helper_dies_the_body_is_left_to_the_in_process_parse_and_helpers_are_not_restarted():
