@@ -34,17 +34,17 @@ class CompressedPool:
 
     def hit_blocks(self, chain: Sequence[int]) -> int:
         """Leading blocks of the verified chain (node ids) whose compressed block is published."""
-        if not chain:
-            return 0
-        published = list(map(self.pool.index.comp.__getitem__, chain))  # (one pass in C)
-        if min(published) >= 0:
-            return len(chain)
-        return next(j for j, bid in enumerate(published) if bid < 0)
+        comp = self.pool.index.comp
+        for j, node in enumerate(chain):
+            if comp[node] < 0:
+                return j
+        return len(chain)
 
     def claim_hit(self, h: KvHoldings, chain: Sequence[int], blocks: int) -> None:
-        ids = list(map(self.pool.index.comp.__getitem__, chain[:blocks]))
+        comp = self.pool.index.comp
+        ids = [comp[node] for node in chain[:blocks]]
         self.pool.claim_many(ids)
-        h.write(COMPRESS, 0, ids, list(map(self.pool.pages.__getitem__, ids)))
+        h.write(COMPRESS, 0, ids, [self.pool.pages[bid] for bid in ids])
 
     def pages_needed(self, h: KvHoldings, end_pos: int) -> int:
         """New blocks positions up to ``end_pos`` (exclusive) need."""

@@ -66,24 +66,7 @@ class PrefixIndex:
 
     # ---- lookups ------------------------------------------------------------------------------
     def chain(self, hashes: Sequence[int], keys: Sequence[bytes], limit: int) -> list[int]:
-        """The verified nodes of blocks ``0 .. k-1`` (k <= ``limit``), stopping at the first miss.
-
-        Checked a column at a time in C (look every hash up, compare the found nodes' parents with
-        the nodes before them and their keys with the query's) up to the first absent hash; only
-        when a parent or key differs is the run walked block by block to find where."""
-        if limit <= 0:
-            return []
-        found = list(map(self._ids.get, hashes[:limit]))
-        if None in found:
-            del found[found.index(None):]
-        k = len(found)
-        if k and found[0] >= 0 and list(map(self.parent.__getitem__, found)) == [NO_NODE, *found[:k - 1]] \
-                and list(map(self.key.__getitem__, found)) == keys[:k]:
-            return found
-        return self._chain_each(hashes, keys, k)
-
-    def _chain_each(self, hashes: Sequence[int], keys: Sequence[bytes], limit: int) -> list[int]:
-        """:meth:`chain` block by block."""
+        """The verified nodes of blocks ``0 .. k-1`` (k <= ``limit``), stopping at the first miss."""
         out: list[int] = []
         ids, parent_of, key_of, parent = self._ids, self.parent, self.key, NO_NODE
         for j in range(limit):
