@@ -218,8 +218,7 @@ class SlidingWindowPool:
             return
         keep, run = self._kept_indices(h, lo, hi), h.swa.blocks[lo:hi]
         if SCRATCH in run:  # pages lent for the step without ids (_back_with_scratch)
-            self.pool.arena.give_back_unmapped(SWA, [page for bid, page in zip(run, h.swa.pages[lo:hi])
-                                                     if bid == SCRATCH])
+            self.pool.arena.give_back_unmapped(SWA, _scratch_pages(run, h.swa.pages, lo))
         kept = []
         if keep and not isinstance(keep, range):  # a few retained windows: take them out of the run
             for j in sorted(keep):
@@ -258,8 +257,7 @@ class SlidingWindowPool:
         """Release every block held; published ones stay cached (the resumable tail)."""
         held = h.swa.blocks[h.swa_released_upto:]  # entries before it are -1 (released)
         if SCRATCH in held:  # (ended between a step's growth and its end)
-            pages = h.swa.pages[h.swa_released_upto:]
-            self.pool.arena.give_back_unmapped(SWA, [page for bid, page in zip(held, pages) if bid == SCRATCH])
+            self.pool.arena.give_back_unmapped(SWA, _scratch_pages(held, h.swa.pages, h.swa_released_upto))
         held.reverse()
         if -1 in held or SCRATCH in held:  # (rare: every entry from the released mark on holds a block)
             held = [bid for bid in held if bid >= 0]
@@ -317,3 +315,13 @@ class SlidingWindowPool:
         while self._pins:
             self._unpin(next(iter(self._pins)))
         return n
+
+
+def _scratch_pages(run: list[int], pages: list[int], lo: int) -> list[int]:
+    """The pages of the ``SCRATCH`` entries of ``run`` (table entries ``lo ..``; ``pages`` is the
+    whole page table). Usually they lead the run (a chunk's blocks that left the window, the kept
+    ones after them): then one slice, else one pass."""
+    k = run.count(SCRATCH)
+    if run[:k] == [SCRATCH] * k:
+        return pages[lo:lo + k]
+    return [page for bid, page in zip(run, pages[lo:lo + len(run)]) if bid == SCRATCH]

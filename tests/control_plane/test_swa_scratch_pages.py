@@ -5,6 +5,7 @@ from atom.bench.control_plane_ops import Workload, _block_manager
 from atom.bench.sim_arenas import split_arena
 from atom.kv.kv_holdings import SCRATCH
 from atom.kv.page_map import SWA
+from atom.kv.swa_pool import _scratch_pages
 from atom.model_engine.sequence import Sequence
 from atom.sampling_params import SamplingParams
 
@@ -122,3 +123,10 @@ def test_an_arena_that_maps_every_page_counts_pages_without_ids_as_used():
     arena.give_back_unmapped(SWA, pages[2:])
     assert arena.num_used(SWA) == 2 and arena.num_unmapped(SWA) == 0 and arena.spare_pages(SWA) == []
     arena.check_integrity()
+
+
+def test_the_pages_given_back_are_those_of_the_scratch_entries_wherever_they_lie_in_the_run():
+    pages = list(range(100, 110))
+    assert _scratch_pages([SCRATCH, SCRATCH, 7, 8], pages, 3) == [103, 104]
+    assert _scratch_pages([SCRATCH, 7, SCRATCH, -1], pages, 2) == [102, 104]
+    assert _scratch_pages([5, 6], pages, 0) == []
