@@ -45,8 +45,10 @@ def reference_quant64(tiny_dir):
 ROW_FORMAT = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8_ds_mla"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_engine(tiny_dir, reference):
+    """A builder of small engines over the tiny checkpoint; every call builds a new engine, so one builder
+    serves the whole session (module fixtures that share an engine run use it too)."""
     def make(*, budget=37, max_seqs=8, max_model_len=512, num_chunks=200, full_retain=False, interval=0,
              prefix_caching=True, poison=True, backend=None, batch_invariant=False, kv_cache_dtype="fp32",
              quant_sim=False, speculative=0, drafter=None, chunk_pages=0, dtype="auto", overlap=True) -> LLMEngine:

@@ -3,6 +3,8 @@ trace: greedy output with speculation on equals speculation off (chunked prefill
 hits), an oracle draft is always accepted and an always-wrong one never, and compressor state after a
 rejection equals a run that never drafted."""
 
+import functools
+
 import pytest
 import torch
 
@@ -37,11 +39,22 @@ ARENAS = pytest.mark.parametrize("num_chunks", [200, pytest.param(5, marks=pytes
                                  ids=["roomy", "preempting"])
 
 
+@pytest.fixture(scope="module")
+def non_speculative(make_engine):
+    """``num_chunks`` -> (the outputs with speculation off on that arena, the tokens each request generates):
+    the oracle, wrong-draft and MTP-draft cases of an arena all compare against one such run, made once."""
+    @functools.cache
+    def off(num_chunks: int):
+        n_out = N_OUT if num_chunks == 200 else 40
+        return run(make_engine(num_chunks=num_chunks), prompts(), greedy(n_out)), n_out
+    return off
+
+
 @ARENAS
 @pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow)])
-def test_greedy_output_with_oracle_and_wrong_drafts_equals_the_non_speculative_run(make_engine, num_chunks, k):
-    n_out = N_OUT if num_chunks == 200 else 40
-    off = run(make_engine(num_chunks=num_chunks), prompts(), greedy(n_out))
+def test_greedy_output_with_oracle_and_wrong_drafts_equals_the_non_speculative_run(make_engine, non_speculative,
+                                                                                   num_chunks, k):
+    off, n_out = non_speculative(num_chunks)
     reference = {tuple(p): o.output_token_ids for p, o in zip(prompts(), off)}
     oracle = make_engine(num_chunks=num_chunks, chunk_pages=3, speculative=k, drafter=ReplayDraft(reference))
     on = run(oracle, prompts(), greedy(n_out))
@@ -154,9 +167,8 @@ def test_logits_of_accepted_positions_match_the_reference_model(make_engine, ref
 
 
 @ARENAS
-def test_greedy_output_with_mtp_drafts_equals_the_non_speculative_run(make_engine, num_chunks):
-    n_out = N_OUT if num_chunks == 200 else 40
-    off = run(make_engine(num_chunks=num_chunks), prompts(), greedy(n_out))
+def test_greedy_output_with_mtp_drafts_equals_the_non_speculative_run(make_engine, non_speculative, num_chunks):
+    off, n_out = non_speculative(num_chunks)
     engine = make_engine(num_chunks=num_chunks, chunk_pages=3, speculative=2)
     on = run(engine, prompts(), greedy(n_out))
     assert [o.output_token_ids for o in on] == [o.output_token_ids for o in off]
