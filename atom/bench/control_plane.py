@@ -1,13 +1,14 @@
 """Control-plane speed: cost per operation, and scheduler + block-manager time per decode step.
 
     python -m atom.bench.control_plane [--seqs 1 64 256] [--contexts 4096 32768 131072] [--steps 64]
-                                       [--block-sizes 128 256] [--decode-steps 32] [--reps 3]
-                                       [--peer vllm]
+                                       [--block-sizes 128 256] [--decode-steps 32] [--reps 5]
+                                       [--step-reps 10] [--peer vllm]
 
 First a per-operation table (admit, 8K prefill chunk, decode, free, and with the whole arena cached
 the eviction room check and a chunk reclaim; microseconds per call) for the workloads of
 :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
-Every configuration runs ``--reps`` times (default 5), round-robin: the first run of every configuration
+Every configuration runs ``--reps`` times (default 5; a decode-step configuration ``--step-reps``
+times, default 10), round-robin: the first run of every configuration
 of a table, then the second, and so on, so that a burst of load from other processes lands in one
 run of several configurations instead of every run of one. Garbage is collected before each run and
 the collector is frozen and off while it is timed (see :func:`atom.bench.control_plane_ops.frozen_gc`).
@@ -48,6 +49,7 @@ importable it runs atom alone and says so (the ratios are then ``nan``).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import math
 import statistics
@@ -63,6 +65,7 @@ from atom.kv.kv_layout import KvLayout, chunk_shape
 from atom.model_engine.llm_engine import LLMEngine
 from atom.step_contract import RunnerOutput, ScheduledBatch
 from atom.model_engine.scheduler import Scheduler
+from atom.model_engine.sequence import Sequence
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.sampling_params import SamplingParams
 
@@ -95,9 +98,17 @@ def build(num_seqs: int, context: int, steps: int) -> tuple[LLMEngine, TimedRunn
     runner = TimedRunner(vocab_size=256)
     engine = LLMEngine(Scheduler(limits, BlockManager(layout, CacheConfig()), eos_token_id=None), runner)
     for i in range(num_seqs):
-        tokens = [(i * 7919 + j * 31) % 256 for j in range(context)]  # small ints: no per-token objects
-        engine.add_request(tokens, SamplingParams(max_tokens=max_new, ignore_eos=True))
+        params = SamplingParams(max_tokens=max_new, ignore_eos=True)
+        engine.add_sequence(Sequence(_prompt(i, context), params, engine.scheduler.block_size))
     return engine, runner
+
+
+@functools.lru_cache(maxsize=None)
+def _prompt(i: int, context: int) -> list[int]:
+    """Request ``i``'s prompt of ``context`` tokens (small ints: no per-token objects), kept for the
+    process: every run of a configuration builds the same prompts, and building 256 of 128K tokens
+    took about 2 s of the run's 9 s of CPU. The engine's :class:`Sequence` copies it."""
+    return [(i * 7919 + j * 31) % 256 for j in range(context)]
 
 
 def time_decode(num_seqs: int, context: int, steps: int) -> list[float]:
@@ -157,6 +168,7 @@ def step_table(seqs: Seq[int], contexts: Seq[int], steps: int, reps: int) -> dic
     microseconds."""
     rows = [(n, ctx) for n in seqs for ctx in contexts]
     results = _round_robin([lambda n=n, ctx=ctx: time_decode(n, ctx, steps) for n, ctx in rows], reps)
+    _prompt.cache_clear()
     print("| running seqs | context | us per step | us per step per seq | spread |")
     print("|---|---|---|---|---|")
     out = {}
@@ -178,9 +190,13 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5,
                     help="runs of each configuration (with --peer: of each manager per trace); the tables give "
                          "per call the lowest run, then the median call (atom alone), or the median run (--peer)")
+    ap.add_argument("--step-reps", type=int, default=10,
+                    help="runs of each decode-step configuration (atom alone; more than --reps: a step of 256 "
+                         "requests lasts milliseconds and whole runs of it slow down together with other "
+                         "processes' memory traffic, so it takes more runs to meet an undisturbed one)")
     args = ap.parse_args(argv)
-    if args.reps < 1:
-        ap.error("--reps must be positive")
+    if args.reps < 1 or args.step_reps < 1:
+        ap.error("--reps and --step-reps must be positive")
     if min(args.seqs) < 1 or min(args.contexts) < 1 or args.steps < 1 or args.decode_steps < 1:
         ap.error("--seqs, --contexts, --steps and --decode-steps must be positive")
     if 128 not in args.block_sizes or any(b % 128 for b in args.block_sizes):
@@ -191,7 +207,7 @@ def main(argv: Seq[str] | None = None) -> int:
         print(f"peer_ratio_max_op={op:.3f} peer_ratio_step_max={step:.3f} hits_vs_peer_min={hits:.3f}")
         return 0
     ops_line = ops_table(args.block_sizes, args.decode_steps, args.reps)
-    results = step_table(args.seqs, args.contexts, args.steps, args.reps)
+    results = step_table(args.seqs, args.contexts, args.steps, args.step_reps)
     n = max(args.seqs)
     lo, hi = min(args.contexts), max(args.contexts)
     print(ops_line)
