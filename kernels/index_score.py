@@ -24,6 +24,7 @@ import torch
 
 from ._common import (HAS_TRITON, VALUE_DTYPES, check_index, check_range, check_rows, check_same_device, next_pow2,
                       require_triton, triton, tl)
+from .key_blocks import block_scores, key_blocks_on
 from .tiles import tiles_for
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, decode_rows_ref, row_width
 
@@ -54,14 +55,17 @@ def _check_scale(w_scale: float) -> None:
 
 def index_score_ref(q: torch.Tensor, w: torch.Tensor, key_rows: torch.Tensor, key_idx: torch.Tensor, *,
                     codec: RowCodec = None, w_scale: float = 1.0) -> torch.Tensor:
-    """Torch reference of :func:`index_score` (same contract)."""
+    """Torch reference of :func:`index_score` (same contract); inside
+    :func:`~atom.kernels.key_blocks.fixed_key_blocks` each query's dots over fixed blocks of keys (that
+    module's docstring), so its scores do not depend on how wide its candidate list is padded."""
     _check(q, w, key_rows, key_idx, codec)
     _check_scale(w_scale)
     if w_scale != 1.0:
         w = w * w_scale  # the model's own multiply (Indexer.head_weights)
     t, n = key_idx.shape
     keys = decode_rows_ref(key_rows[key_idx.long().clamp(min=0).reshape(-1)], codec).reshape(t, n, -1)
-    scores = (torch.relu(q.float() @ keys.float().transpose(1, 2)) * w.float()[:, :, None]).sum(dim=1)
+    dots = block_scores(q.float(), keys.float()) if key_blocks_on() else q.float() @ keys.float().transpose(1, 2)
+    scores = (torch.relu(dots) * w.float()[:, :, None]).sum(dim=1)
     return torch.where(key_idx >= 0, scores, float("-inf"))
 
 

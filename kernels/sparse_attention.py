@@ -29,6 +29,7 @@ import torch
 
 from ._common import (HAS_TRITON, VALUE_DTYPES, check_index, check_range, check_rows, check_same_device, next_pow2,
                       require_triton, triton, tl, value_checks_enabled)
+from .key_blocks import block_partial_sums, block_scores, key_blocks_on
 from .step_memo import memoized
 from .tiles import tiles_for
 from .kv_rows import RowCodec, check_value_rows, codec_constexprs, decode_rows_ref, row_width
@@ -67,17 +68,23 @@ def _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, codec: 
 def sparse_attention_ref(q: torch.Tensor, window_rows: torch.Tensor, window_idx: torch.Tensor,
                          comp_rows: torch.Tensor | None, comp_idx: torch.Tensor | None, sink: torch.Tensor, *,
                          scale: float, codec: RowCodec = None) -> torch.Tensor:
-    """Torch reference of :func:`sparse_attention` (same contract), in fp32."""
+    """Torch reference of :func:`sparse_attention` (same contract), in fp32; inside
+    :func:`~atom.kernels.key_blocks.fixed_key_blocks` over fixed blocks of keys (that module's docstring)."""
     _check(q, window_rows, window_idx, comp_rows, comp_idx, sink, scale, codec)
     picks, masked = _key_index(window_idx, comp_idx)
     keys = torch.cat([_gather(rows, at, codec) for rows, at in zip((window_rows, comp_rows), picks)], dim=1)
     keys = keys.masked_fill(masked[..., None], 0.0)  # [T, K, D]; a masked slot must not read row 0 (NaN arena)
-    logits = torch.einsum("thd,tkd->thk", q.float(), keys) * scale
+    blocked = key_blocks_on()  # each query's result independent of its list's padding and of the other queries
+    logits = (block_scores(q.float(), keys) if blocked else torch.einsum("thd,tkd->thk", q.float(), keys)) * scale
     logits = logits.masked_fill(masked[:, None, :], float("-inf"))
     m = torch.maximum(logits.amax(dim=-1), sink[None, :])  # [T, H], finite because sink is
     p = torch.exp(logits - m[..., None])
-    denom = p.sum(dim=-1) + torch.exp(sink[None, :] - m)
-    return (torch.einsum("thk,tkd->thd", p, keys) / denom[..., None]).to(q.dtype)
+    if blocked:
+        total, weighted = block_partial_sums(p, keys)
+    else:
+        total, weighted = p.sum(dim=-1), torch.einsum("thk,tkd->thd", p, keys)
+    denom = total + torch.exp(sink[None, :] - m)
+    return (weighted / denom[..., None]).to(q.dtype)
 
 
 @memoized

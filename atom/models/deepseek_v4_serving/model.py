@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from atom.kernels.backend import KernelSet
+from atom.kernels.key_blocks import fixed_key_blocks
 from atom.kernels.step_memo import step_memo
 from atom.model_ops.kv_views import KvViews
 from atom.model_ops.step_inputs import PageTables, RowSubset, StepInputs
@@ -109,8 +110,10 @@ class DeepseekV4ForServing(ModelWeights):
         of every row)``; writes the step's KV rows into the arena."""
         h = self.embed_tokens(step.token_ids)
         # each layer's rotations share one table per positions tensor, and the torch references' index
-        # arithmetic over the step's index tensors runs once per step (kernels/step_memo.py)
-        with shared_rope_tables(), step_memo():
+        # arithmetic over the step's index tensors runs once per step (kernels/step_memo.py); a batch-invariant
+        # model's attention references reduce over fixed key blocks (kernels/key_blocks.py), so a request's
+        # attention does not depend on how wide the other requests of its step make the index lists
+        with shared_rope_tables(), step_memo(), fixed_key_blocks(self.cfg.batch_invariant):
             for block in self.layers:
                 h = block(h, step, tables)
         if all_rows:
@@ -153,5 +156,6 @@ class DeepseekV4ForServing(ModelWeights):
             raise ValueError("this model has no MTP layer (num_nextn_predict_layers = 0, or loaded without it)")
         block, rw = self.mtp[0], self.cfg.batch_invariant
         x = map_rows(block.mtp_input, rw, h, self.embed(step.token_ids))
-        x = block(x, step, tables)
+        with fixed_key_blocks(rw):
+            x = block(x, step, tables)
         return x, map_rows(self.logits, rw, map_rows(block.mtp_collapse, rw, x[head_rows]))
