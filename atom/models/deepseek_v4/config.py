@@ -7,7 +7,9 @@ by tests and by the server's default model.
 
 Two fields are runtime numerics options rather than architecture: ``quant_sim`` (simulate the FP8 / FP4
 round-trips of the released model on activations) and ``batch_invariant`` (run every token-local op one token at
-a time so a token's result does not depend on how many tokens share the call; makes prefill-then-decode bit-exact).
+a time so a token's result does not depend on how many tokens share the call; makes prefill-then-decode bit-exact;
+in the serving model also attention over fixed key blocks, ``atom/kernels/key_blocks.py``, since a decode step's
+index lists are as wide as its widest request and whole-list reductions round by that width).
 """
 
 from __future__ import annotations
