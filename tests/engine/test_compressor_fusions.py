@@ -7,6 +7,9 @@ import torch
 
 from atom.models.deepseek_v4.compressor import Compressor
 from support.counted_runs import counted_greedy_run
+from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+
+pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
 PROMPT = [(31 * i + 5) % 500 + 1 for i in range(21)]  # crosses the tiny model's 16-token block and its HCA block
 

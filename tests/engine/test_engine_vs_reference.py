@@ -5,6 +5,9 @@ import pytest
 import torch
 
 from atom.sampling_params import SamplingParams
+from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+
+pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
 LENGTHS = (1, 5, 16, 33, 70, 129, 200, 300)
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

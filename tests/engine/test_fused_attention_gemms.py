@@ -2,6 +2,9 @@
 backend only; the torch backend keeps the reference's GEMMs, as the CPU engine is compared with it value for value."""
 
 from atom.models.deepseek_v4_serving.attention import ArenaAttention
+from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+
+pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
 
 def attention_layers(engine) -> list[ArenaAttention]:

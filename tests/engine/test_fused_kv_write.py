@@ -8,6 +8,9 @@ import torch
 
 from atom.models.deepseek_v4_serving.attention import ArenaAttention
 from support.counted_runs import counted_greedy_run
+from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+
+pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
 PROMPT = [(29 * i + 7) % 500 + 1 for i in range(20)]  # crosses the tiny model's 16-token block
 

@@ -10,6 +10,9 @@ from atom.models.deepseek_v4.checkpoint import load_checkpoint
 from atom.models.deepseek_v4.make_tiny_checkpoint import make_tiny_checkpoint
 from atom.sampling_params import SamplingParams
 from engine.test_engine_vs_reference import reference_greedy
+from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+
+pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
 PROMPTS = ([(7 * i + 3) % 500 + 1 for i in range(33)], [(13 * i + 5) % 500 + 1 for i in range(9)])
 

@@ -10,6 +10,9 @@ from atom.kernels.backend import load_kernels
 from atom.models.deepseek_v4.checkpoint import random_state_dict
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.models.deepseek_v4_serving import DeepseekV4ForServing
+from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+
+pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
 
 class CopiesOf(TorchDispatchMode):

@@ -8,6 +8,9 @@ from atom.models.deepseek_v4.checkpoint import load_checkpoint
 from atom.models.deepseek_v4.make_tiny_checkpoint import make_tiny_checkpoint
 from engine.test_engine_vs_reference import reference_greedy
 from engine.test_quantized_engine import PROMPTS, generate
+from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+
+pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
 
 @pytest.fixture(scope="module")

@@ -183,10 +183,15 @@ class ArenaAttention(AttentionWeights):
         """HCA: advance each request's online accumulator over its chunk (``hca_state_update``), then
         finish and write every entry the chunk completes at once (its pooled row sits at the block's last
         token). The accumulator needs no reset: a block's first position starts it empty, and a request
-        always starts at a block boundary."""
+        always starts at a block boundary.
+
+        ``hca_state_update`` writes only the rows of tokens that complete a block, and the step's padding entries
+        read row 0: the pooled rows are one zeroed buffer per step and width, shared by the HCA layers (each
+        rewrites the same block-completing rows before reading them), so a padding entry finishes a defined row
+        (zeros or this layer's) rather than uninitialized memory, at one fill per step."""
         comp = self.compressor
         kv, score = rows  # row views (of one GEMM's output when merged): the kernels take a row stride
-        pooled = torch.empty_like(kv)
+        pooled = step.derive(("hca_pooled", tuple(kv.shape)), lambda: kv.new_zeros(kv.shape))
         acc, slots = self.views.hca[self.layer_id], step.slots
         if step.committed is not None:  # pool the drafts' entries from a copy; the state takes committed rows
             acc, slots = acc[slots.long()].clone(), torch.arange(len(step.lengths), dtype=torch.int32,
