@@ -4,10 +4,17 @@ Every test runs torch with one intra-op thread: the tiny models are launch-bound
 pytest-xdist workers on two cores, where a second OpenMP thread per worker only spin-waits for a core (under
 load, the host-tier counting test took 36 s of CPU with two threads and 2 s with one). torch is not imported
 here: the setting applies once a test module has imported it.
+
+After collection every object alive (the imported modules of torch, FastAPI, hypothesis and the tests
+themselves) is moved out of the garbage collector's generations (``gc.freeze``): they live for the whole
+run, and each full collection would otherwise walk them again. On the fast kernel and bench tests, in two
+pairs of serial runs, the collector's time fell from 2.4 s and 2.3 s to 1.8 s and 1.9 s and the process's
+CPU from 29.8 s and 33.0 s to 27.0 s and 31.3 s.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import pytest
@@ -18,3 +25,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.freeze()
