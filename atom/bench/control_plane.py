@@ -2,13 +2,12 @@
 
     python -m atom.bench.control_plane [--seqs 1 64 256] [--contexts 4096 32768 131072] [--steps 64]
                                        [--block-sizes 128 256] [--decode-steps 32] [--reps 5]
-                                       [--step-reps 10] [--peer vllm]
+                                       [--peer vllm]
 
 First a per-operation table (admit, 8K prefill chunk, decode, free, and with the whole arena cached
 the eviction room check and a chunk reclaim; microseconds per call) for the workloads of
 :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
-Every configuration runs ``--reps`` times (default 5; a decode-step configuration ``--step-reps``
-times, default 10), round-robin: the first run of every configuration
+Every configuration runs ``--reps`` times (default 5), round-robin: the first run of every configuration
 of a table, then the second, and so on, so that a burst of load from other processes lands in one
 run of several configurations instead of every run of one. Garbage is collected before each run and
 the collector is frozen and off while it is timed (see :func:`atom.bench.control_plane_ops.frozen_gc`).
@@ -27,8 +26,9 @@ disagreed by before the lowest was taken.
 Real V4-Flash geometry (fp8 rows), an arena budget sized to fit the batch (the control plane
 allocates no tensors), a fake runner, all driven by :class:`LLMEngine`. Each configuration first
 prefills its requests to the given context, then times ``LLMEngine.step`` (schedule, postprocess and
-the engine's per-request outputs) over ``--steps`` decode steps, less the fake runner's own time
-(the figure: per step, the lowest over the runs, then the median step). Step times are this process's CPU time (``time.process_time_ns``; a step takes
+the engine's per-request outputs) over ``WINDOWS`` windows of ``--steps`` decode steps a short pause
+apart (:func:`time_decode`), less the fake runner's own time (the figure: per step of a window, the
+lowest over the windows of all runs, then the median step; the spread is over those windows). Step times are this process's CPU time (``time.process_time_ns``; a step takes
 tens of microseconds to milliseconds, long enough to lose the CPU under load, and the time other
 processes then run is not counted); per-operation samples are wall-clock time
 (``time.perf_counter_ns``, see :mod:`atom.bench.control_plane_ops`).
@@ -71,6 +71,9 @@ from atom.sampling_params import SamplingParams
 
 T = TypeVar("T")
 
+WINDOWS = 4  # timed windows of decode steps per run of a decode-step configuration
+WINDOW_GAP_S = 0.3  # pause between them
+
 
 class TimedRunner(FakeRunner):
     """The fake runner, adding the CPU time of its own calls to ``seconds``."""
@@ -111,23 +114,35 @@ def _prompt(i: int, context: int) -> list[int]:
     return [(i * 7919 + j * 31) % 256 for j in range(context)]
 
 
-def time_decode(num_seqs: int, context: int, steps: int) -> list[float]:
-    """One run: CPU microseconds of each of ``steps`` engine decode steps (schedule + postprocess +
-    outputs, less the fake runner), in step order; the steps are the same in every run."""
-    engine, runner = build(num_seqs, context, steps)
+def time_decode(num_seqs: int, context: int, steps: int) -> list[list[float]]:
+    """One run: CPU microseconds of engine decode steps (schedule + postprocess + outputs, less the
+    fake runner) in ``WINDOWS`` windows of ``steps`` steps, ``WINDOW_GAP_S`` seconds apart, each
+    window after one untimed step (the caches refilled after the pause); one list per window.
+
+    The windows continue the same decode, and every step of one does the same work (each request
+    decodes one token), so the k-th step of every window is a sample of the same step. Why windows:
+    on the shared machine a whole window of steps of 256 requests ran 2x slower than the next one
+    under other processes' memory traffic, while a second build of the engine costs seconds of CPU."""
+    engine, runner = build(num_seqs, context, (steps + 1) * WINDOWS)
     sched = engine.scheduler
     while any(s.in_prefill for s in sched.running) or sched.waiting:
         engine.step()
-    times = []
+    windows = []
     clock = time.process_time_ns
     with frozen_gc():  # the prefill's garbage is not the decode steps' cost, nor is walking its requests
-        for _ in range(steps):
-            runner.seconds = 0.0
-            t0 = clock()
-            batch = engine.step_detailed().batch
-            times.append((clock() - t0) / 1e3 - runner.seconds * 1e6)
-            assert len(batch.seqs) == num_seqs and batch.num_tokens == num_seqs
-    return times
+        for w in range(WINDOWS):
+            if w:
+                time.sleep(WINDOW_GAP_S)
+            engine.step()
+            times = []
+            for _ in range(steps):
+                runner.seconds = 0.0
+                t0 = clock()
+                batch = engine.step_detailed().batch
+                times.append((clock() - t0) / 1e3 - runner.seconds * 1e6)
+                assert len(batch.seqs) == num_seqs and batch.num_tokens == num_seqs
+            windows.append(times)
+    return windows
 
 
 def _round_robin(runs: Seq[Callable[[], T]], reps: int) -> list[list[T]]:
@@ -169,6 +184,7 @@ def step_table(seqs: Seq[int], contexts: Seq[int], steps: int, reps: int) -> dic
     rows = [(n, ctx) for n in seqs for ctx in contexts]
     results = _round_robin([lambda n=n, ctx=ctx: time_decode(n, ctx, steps) for n, ctx in rows], reps)
     _prompt.cache_clear()
+    results = [[window for run in runs for window in run] for runs in results]  # every window a sample run
     print("| running seqs | context | us per step | us per step per seq | spread |")
     print("|---|---|---|---|---|")
     out = {}
@@ -190,13 +206,9 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5,
                     help="runs of each configuration (with --peer: of each manager per trace); the tables give "
                          "per call the lowest run, then the median call (atom alone), or the median run (--peer)")
-    ap.add_argument("--step-reps", type=int, default=10,
-                    help="runs of each decode-step configuration (atom alone; more than --reps: a step of 256 "
-                         "requests lasts milliseconds and whole runs of it slow down together with other "
-                         "processes' memory traffic, so it takes more runs to meet an undisturbed one)")
     args = ap.parse_args(argv)
-    if args.reps < 1 or args.step_reps < 1:
-        ap.error("--reps and --step-reps must be positive")
+    if args.reps < 1:
+        ap.error("--reps must be positive")
     if min(args.seqs) < 1 or min(args.contexts) < 1 or args.steps < 1 or args.decode_steps < 1:
         ap.error("--seqs, --contexts, --steps and --decode-steps must be positive")
     if 128 not in args.block_sizes or any(b % 128 for b in args.block_sizes):
@@ -207,7 +219,7 @@ def main(argv: Seq[str] | None = None) -> int:
         print(f"peer_ratio_max_op={op:.3f} peer_ratio_step_max={step:.3f} hits_vs_peer_min={hits:.3f}")
         return 0
     ops_line = ops_table(args.block_sizes, args.decode_steps, args.reps)
-    results = step_table(args.seqs, args.contexts, args.steps, args.step_reps)
+    results = step_table(args.seqs, args.contexts, args.steps, args.reps)
     n = max(args.seqs)
     lo, hi = min(args.contexts), max(args.contexts)
     print(ops_line)

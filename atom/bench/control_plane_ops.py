@@ -82,13 +82,15 @@ def _block_manager(w: Workload, block_size: int, decode_steps: int) -> BlockMana
 @contextmanager
 def frozen_gc() -> Iterator[None]:
     """Collect garbage, freeze every object alive (no later collection walks them) and switch the
-    collector off for the body; after it, switch the collector back on (if it was on) and unfreeze.
+    collector off for the body; after it, switch the collector back on (if it was on) and unfreeze
+    (only when nothing was frozen before: ``gc.unfreeze`` cannot tell a caller's frozen objects from
+    the body's, so a caller that froze its own keeps everything frozen).
 
     Timed calls then carry none of the collector's work: neither a collection of the objects built
     for the run nor one the body's own allocations would trigger (the count of allocations, and so
     where a collection lands, repeats from run to run, so a lowest-of-runs figure would not filter
     it out). The body's garbage is collected after it, outside the timing."""
-    was_enabled = gc.isenabled()
+    was_enabled, was_frozen = gc.isenabled(), gc.get_freeze_count() > 0
     gc.collect()
     gc.freeze()
     gc.disable()
@@ -97,7 +99,8 @@ def frozen_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-        gc.unfreeze()
+        if not was_frozen:
+            gc.unfreeze()
 
 
 def measure_ops(w: Workload, block_size: int, decode_steps: int = 8) -> dict[str, list[float]]:
