@@ -2,6 +2,8 @@
 from the SWA page, arena NaN-poisoned) gives logits bit-identical to a cold run whose prefill was
 split at P; a hit that cannot be served falls back instead of reading stale rows."""
 
+import functools
+
 import pytest
 import torch
 
@@ -40,9 +42,17 @@ def assert_bit_identical(a, b):
         assert not torch.isnan(x).any()
 
 
+@pytest.fixture(scope="module")
+def cold_run(make_engine):
+    """``boundary`` -> (sequence, [(start, logits)] of every step) of ``PROMPT`` on a fresh engine whose
+    prefill is split at ``boundary``: made once per boundary, since three tests compare against the one
+    at 32."""
+    return functools.cache(lambda boundary: run(make_engine(budget=boundary), PROMPT))
+
+
 @pytest.mark.parametrize("boundary", [16, 32, 48])
-def test_a_prefix_hit_continues_bit_identically_to_a_cold_run_split_at_the_boundary(make_engine, boundary):
-    cold_seq, cold = run(make_engine(budget=boundary), PROMPT)
+def test_a_prefix_hit_continues_bit_identically_to_a_cold_run_split_at_the_boundary(make_engine, cold_run, boundary):
+    cold_seq, cold = cold_run(boundary)
     engine = make_engine(budget=boundary)  # arena poisoned with NaN
     run(engine, PROMPT[:boundary], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     hit_seq, hit = run(engine, PROMPT)
@@ -51,9 +61,9 @@ def test_a_prefix_hit_continues_bit_identically_to_a_cold_run_split_at_the_bound
     assert_bit_identical(after(cold, boundary), hit)
 
 
-def test_a_hit_served_from_a_chunk_the_compress_owner_held_before_is_still_exact(make_engine):
+def test_a_hit_served_from_a_chunk_the_compress_owner_held_before_is_still_exact(make_engine, cold_run):
     boundary = 32
-    cold_seq, cold = run(make_engine(budget=boundary), PROMPT)
+    cold_seq, cold = cold_run(boundary)
     engine = make_engine(budget=boundary, num_chunks=6)
     bm = engine.scheduler.bm
     run(engine, [(11 * i) % 500 + 1 for i in range(400)], SamplingParams(max_tokens=2, temperature=0.0))
@@ -70,9 +80,10 @@ def test_a_hit_served_from_a_chunk_the_compress_owner_held_before_is_still_exact
     assert_bit_identical(after(cold, boundary), hit)
 
 
-def test_after_the_prefix_swa_blocks_are_evicted_the_request_recomputes_instead_of_reading_stale_rows(make_engine):
+def test_after_the_prefix_swa_blocks_are_evicted_the_request_recomputes_instead_of_reading_stale_rows(make_engine,
+                                                                                                        cold_run):
     boundary = 32
-    cold_seq, cold = run(make_engine(budget=boundary), PROMPT)
+    cold_seq, cold = cold_run(boundary)
     engine = make_engine(budget=boundary)
     run(engine, PROMPT[:boundary], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     swa = engine.scheduler.bm.swa.pool
