@@ -1,4 +1,4 @@
-"""``atom serve --host-kv-cache-memory 1`` on the built-in model: a long prompt, a flood that evicts it
+"""``atom serve --host-kv-cache-memory 1`` on the built-in model: a long prompt, other prompts that evict it
 from a small arena, the prompt again: its cached tokens come from the host tier and the answer is the
 first one."""
 
@@ -53,7 +53,7 @@ def test_a_prompt_evicted_to_the_host_tier_is_served_from_it_with_the_same_answe
     try:
         c = srv.client()
         first = c.completions.create(model=BUILTIN_MODEL_NAME, prompt=PROMPT, **GREEDY)
-        for k in range(8):  # a flood of other long prompts evicts the first one's blocks from the arena
+        for k in range(2):  # other long prompts evict the first one's blocks from the arena (one already does)
             c.completions.create(model=BUILTIN_MODEL_NAME, prompt=f"{k} other text {k} " * 25, max_tokens=1)
         again = c.completions.create(model=BUILTIN_MODEL_NAME, prompt=PROMPT, **GREEDY)
         cached = again.usage.prompt_tokens_details.cached_tokens
