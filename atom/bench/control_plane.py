@@ -9,7 +9,8 @@ the eviction room check and a chunk reclaim; microseconds per call) for the work
 :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
 Every configuration runs ``--reps`` times (default 5), round-robin: the first run of every configuration
 of a table, then the second, and so on, so that a burst of load from other processes lands in one
-run of several configurations instead of every run of one. Garbage is collected before each run and
+run of several configurations instead of every run of one; each round of the decode-step table runs
+in a fresh process (:func:`step_table`). Garbage is collected before each run and
 the collector is frozen and off while it is timed (see :func:`atom.bench.control_plane_ops.frozen_gc`).
 
 A run is a fixed sequence of calls (or steps), the same in every run, each timed on its own: the
@@ -51,9 +52,11 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import multiprocessing
 import math
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Sequence as Seq, TypeVar
 
 from atom.bench.control_plane_ops import WORKLOADS, frozen_gc, measure_ops
@@ -177,14 +180,29 @@ def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
             f"prefill_8k_us={long['prefill']:.1f} free_128k_us={long['free']:.1f}")
 
 
+def _step_round(rows: list[tuple[int, int]], steps: int) -> list[list[list[float]]]:
+    """One round of the decode-step table: :func:`time_decode` of every row once, in order, with
+    garbage collected before each."""
+    out = []
+    for n, ctx in rows:
+        gc.collect()
+        out.append(time_decode(n, ctx, steps))
+    return out
+
+
 def step_table(seqs: Seq[int], contexts: Seq[int], steps: int, reps: int) -> dict[tuple[int, int], float]:
-    """Print the decode-step table (``reps`` runs taken round-robin over the rows; each figure from
-    :func:`lowest_per_call` over the steps); return (running seqs, context) -> that figure in
-    microseconds."""
+    """Print the decode-step table (``reps`` rounds, each in a fresh process, see :func:`_step_round`;
+    each figure from :func:`lowest_per_call` over the steps of all windows of all rounds); return
+    (running seqs, context) -> that figure in microseconds.
+
+    A fresh process per round: in one invocation every window of the 64 x 4K configuration ran at
+    about 1.5x the step time it had in the next invocation, so runs within one process do not
+    sample the process's own state (its heap's layout, its hash seed) the way separate processes do."""
     rows = [(n, ctx) for n in seqs for ctx in contexts]
-    results = _round_robin([lambda n=n, ctx=ctx: time_decode(n, ctx, steps) for n, ctx in rows], reps)
-    _prompt.cache_clear()
-    results = [[window for run in runs for window in run] for runs in results]  # every window a sample run
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn, max_tasks_per_child=1) as pool:
+        rounds = [pool.submit(_step_round, rows, steps).result() for _ in range(reps)]
+    results = [[window for one in rounds for window in one[r]] for r in range(len(rows))]  # every window a run
     print("| running seqs | context | us per step | us per step per seq | spread |")
     print("|---|---|---|---|---|")
     out = {}
