@@ -5,12 +5,12 @@ pytest-xdist workers on two cores, where a second OpenMP thread per worker only 
 load, the host-tier counting test took 36 s of CPU with two threads and 2 s with one). torch is not imported
 here: the setting applies once a test module has imported it.
 
-Collection runs with the garbage collector off, and every object alive after it (the imported modules of
-torch, FastAPI, hypothesis and the tests themselves) is then moved out of the collector's generations
-(``gc.freeze``): those objects live for the whole run, so each full collection would only walk them again.
-Collecting the suite took 8.5 s of CPU, 2.8 s of it in the collector, and takes 5.8 s with it off. On the
-fast kernel and bench tests, in two pairs of serial runs, the collector's time fell from 2.4 s and 2.3 s to
-1.8 s and 1.9 s with the freeze, and the process's CPU from 29.8 s and 33.0 s to 27.0 s and 31.3 s.
+Collection runs with the garbage collector off: importing the suite makes hundreds of thousands of objects
+that live for the whole run and nothing to collect, and the collector kept walking them (collecting the
+suite took 8.5 s of CPU, 2.8 s of it in the collector; 5.8 s with it off). What collection made then goes to
+the oldest generation without a pass over it (``gc.freeze`` and ``gc.unfreeze``, as
+``atom.models.deepseek_v4.loader.collection_paused`` does), so no object stays frozen: the loader's own
+pause, and its test, need a process where nothing is.
 """
 
 from __future__ import annotations
@@ -34,5 +34,6 @@ def pytest_collection(session: pytest.Session):
     try:
         return (yield)
     finally:
-        gc.freeze()
+        gc.freeze()  # then unfreeze: into the oldest generation unexamined, nothing left frozen
+        gc.unfreeze()
         gc.enable()
