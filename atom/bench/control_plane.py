@@ -9,8 +9,8 @@ the eviction room check and a chunk reclaim; microseconds per call) for the work
 :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
 Every configuration runs ``--reps`` times (default 5), round-robin: the first run of every configuration
 of a table, then the second, and so on, so that a burst of load from other processes lands in one
-run of several configurations instead of every run of one; each round of the decode-step table runs
-in a fresh process (:func:`step_table`). Garbage is collected before each run and
+run of several configurations instead of every run of one; each round (every configuration of a
+table once) runs in a fresh process (:func:`_fresh_rounds`). Garbage is collected before each run and
 the collector is frozen and off while it is timed (see :func:`atom.bench.control_plane_ops.frozen_gc`).
 
 A run is a fixed sequence of calls (or steps), the same in every run, each timed on its own: the
@@ -59,7 +59,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Sequence as Seq, TypeVar
 
-from atom.bench.control_plane_ops import WORKLOADS, frozen_gc, measure_ops
+from atom.bench.control_plane_ops import WORKLOADS, Workload, frozen_gc, measure_ops
 from atom.bench.control_plane_summary import lowest_per_call
 from atom.config import CacheConfig, SchedulerConfig
 from atom.kv.block_manager import BlockManager
@@ -159,12 +159,33 @@ def _round_robin(runs: Seq[Callable[[], T]], reps: int) -> list[list[T]]:
     return out
 
 
+def _fresh_rounds(round_fn: Callable[[], list[T]], reps: int) -> list[list[T]]:
+    """``reps`` calls of ``round_fn`` (a round: one result per configuration, in order), each in a
+    fresh process (spawned, so it shares no heap with this one); per configuration, its results.
+
+    Why: within one process the runs of a configuration share one heap layout and hash seed, and on
+    the development machine a configuration could run about 1.5x slower in every run of one
+    invocation than in the next (all five long-context runs at block 256 once, every 64 x 4K engine
+    step once); runs in separate processes sample that as well, so the lowest of them is not stuck."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn, max_tasks_per_child=1) as pool:
+        rounds = [pool.submit(round_fn).result() for _ in range(reps)]
+    return [list(results) for results in zip(*rounds)]
+
+
+def _ops_round(rows: list[tuple[Workload, int]], decode_steps: int) -> list[dict[str, list[float]]]:
+    """One round of the per-operation table: :func:`measure_ops` of every row once, in order."""
+    return [runs[0] for runs in _round_robin([functools.partial(measure_ops, w, block, decode_steps)
+                                              for w, block in rows], 1)]
+
+
 def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
-    """Print the per-operation table (``reps`` runs taken round-robin over the rows; each figure from
-    :func:`~atom.bench.control_plane_summary.lowest_per_call`, the last column the largest spread of the row's figures); return the
-    ``ops_b128 ...`` line (printed later, second to last)."""
+    """Print the per-operation table (``reps`` rounds over the rows, each in a fresh process; each
+    figure from :func:`~atom.bench.control_plane_summary.lowest_per_call`, the last column the
+    largest spread of the row's figures); return the ``ops_b128 ...`` line (printed later, second
+    to last)."""
     rows = [(w, block) for block in block_sizes for w in WORKLOADS]
-    results = _round_robin([lambda w=w, block=block: measure_ops(w, block, decode_steps) for w, block in rows], reps)
+    results = _fresh_rounds(functools.partial(_ops_round, rows, decode_steps), reps)
     print("| workload | block | admit us | 8K prefill chunk us | decode us | free us | room check us | reclaim us | spread |")
     print("|---|---|---|---|---|---|---|---|---|")
     ops = {}
@@ -181,28 +202,17 @@ def ops_table(block_sizes: Seq[int], decode_steps: int, reps: int) -> str:
 
 
 def _step_round(rows: list[tuple[int, int]], steps: int) -> list[list[list[float]]]:
-    """One round of the decode-step table: :func:`time_decode` of every row once, in order, with
-    garbage collected before each."""
-    out = []
-    for n, ctx in rows:
-        gc.collect()
-        out.append(time_decode(n, ctx, steps))
-    return out
+    """One round of the decode-step table: :func:`time_decode` of every row once, in order."""
+    return [runs[0] for runs in _round_robin([functools.partial(time_decode, n, ctx, steps) for n, ctx in rows], 1)]
 
 
 def step_table(seqs: Seq[int], contexts: Seq[int], steps: int, reps: int) -> dict[tuple[int, int], float]:
-    """Print the decode-step table (``reps`` rounds, each in a fresh process, see :func:`_step_round`;
-    each figure from :func:`lowest_per_call` over the steps of all windows of all rounds); return
-    (running seqs, context) -> that figure in microseconds.
-
-    A fresh process per round: in one invocation every window of the 64 x 4K configuration ran at
-    about 1.5x the step time it had in the next invocation, so runs within one process do not
-    sample the process's own state (its heap's layout, its hash seed) the way separate processes do."""
+    """Print the decode-step table (``reps`` rounds over the rows, each in a fresh process; each
+    figure from :func:`lowest_per_call` over the steps of all windows of all rounds); return
+    (running seqs, context) -> that figure in microseconds."""
     rows = [(n, ctx) for n in seqs for ctx in contexts]
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=spawn, max_tasks_per_child=1) as pool:
-        rounds = [pool.submit(_step_round, rows, steps).result() for _ in range(reps)]
-    results = [[window for one in rounds for window in one[r]] for r in range(len(rows))]  # every window a run
+    results = _fresh_rounds(functools.partial(_step_round, rows, steps), reps)
+    results = [[window for run in runs for window in run] for runs in results]  # every window a sample run
     print("| running seqs | context | us per step | us per step per seq | spread |")
     print("|---|---|---|---|---|")
     out = {}

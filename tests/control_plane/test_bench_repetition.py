@@ -1,13 +1,15 @@
 """How the control-plane benchmark repeats its configurations, summarises their runs and keeps the
 collector out of timings."""
 
+import functools
 import gc
 import math
+import os
 import statistics
 
 import pytest
 
-from atom.bench.control_plane import _round_robin
+from atom.bench.control_plane import _fresh_rounds, _round_robin
 from atom.bench.control_plane_summary import lowest_per_call
 from atom.bench.control_plane_ops import frozen_gc
 
@@ -18,6 +20,14 @@ def test_repetitions_run_round_robin_over_the_configurations():
     results = _round_robin(runs, reps=3)
     assert calls == list("abcabcabc")
     assert results == [[1, 4, 7], [2, 5, 8], [3, 6, 9]]
+
+
+def test_each_round_runs_in_a_fresh_process_and_results_come_back_per_configuration():
+    round_fn = functools.partial(_round_robin, [os.getpid, os.getppid], 1)  # a round of two configurations
+    pids, parents = _fresh_rounds(round_fn, reps=2)
+    assert len(pids) == 2 and len({p[0] for p in pids}) == 2  # two processes
+    assert os.getpid() not in {p[0] for p in pids}
+    assert parents == [[os.getpid()], [os.getpid()]]
 
 
 def test_a_figure_is_the_median_over_calls_of_each_calls_lowest_run():
