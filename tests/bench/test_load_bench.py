@@ -1,6 +1,7 @@
 """The load benchmark's checkpoint and accounting at toy size: resident bytes equal the disk bytes except for
-``wo_a``, which the loader dequantizes (FP8 + scale on disk, bf16 in memory); the many-tensors case reaches its
-tensor count and is timed next to a plain safetensors read."""
+``wo_a``, which the loader dequantizes (FP8 + scale on disk, bf16 in memory), and the router and compressor
+weights, which it widens to fp32 (their GEMMs run in fp32); the many-tensors case reaches its tensor count and is
+timed next to a plain safetensors read."""
 
 import pytest
 import torch
@@ -15,10 +16,13 @@ def test_the_synthetic_release_checkpoint_loads_and_its_bytes_are_accounted(tmp_
                      shard_bytes=1 << 20)
     r = measure(tmp_path, torch.bfloat16)
     assert r["shards"] > 2
+    widened = sum(t.numel() * 2 for name, t in synthetic_tensors(cfg) if t.dtype == torch.bfloat16 and (
+        name.endswith(("ffn.gate.weight", "compressor.wkv.weight", "compressor.wgate.weight"))))
+    assert widened > 0
     wo_a = cfg.o_groups * cfg.o_lora_rank * (cfg.n_heads * cfg.head_dim // cfg.o_groups)
     wo_a_scales = -(-cfg.o_groups * cfg.o_lora_rank // 128) * -(-cfg.n_heads * cfg.head_dim // cfg.o_groups // 128)
     blocks = cfg.n_layers + cfg.n_mtp_layers
-    assert r["resident_bytes"] == r["disk_tensor_bytes"] + blocks * (wo_a - wo_a_scales)
+    assert r["resident_bytes"] == r["disk_tensor_bytes"] + blocks * (wo_a - wo_a_scales) + widened
     assert r["largest_tensor_bytes"] == cfg.vocab_size * cfg.dim * 2  # the bf16 embedding / head
     assert "resident parameters" in report(r) and "peak RSS" in report(r)
 
