@@ -29,9 +29,10 @@ allocates no tensors), a fake runner, all driven by :class:`LLMEngine`. Each con
 prefills its requests to the given context, then times ``LLMEngine.step`` (schedule, postprocess and
 the engine's per-request outputs) over ``WINDOWS`` windows of ``--steps`` decode steps a short pause
 apart (:func:`time_decode`), less the fake runner's own time (the figure: per step of a window, the
-lowest over the windows of all runs, then the median step; the spread is over those windows). Step times are this process's CPU time (``time.process_time_ns``; a step takes
-tens of microseconds to milliseconds, long enough to lose the CPU under load, and the time other
-processes then run is not counted); per-operation samples are wall-clock time
+lowest over the windows of all runs, then the median step; the spread is over those windows). Step
+times are the timing process's CPU time (``time.process_time_ns``; a step takes tens of microseconds
+to milliseconds, long enough to lose the CPU under load, and the time other processes then run is
+not counted); per-operation samples are wall-clock time
 (``time.perf_counter_ns``, see :mod:`atom.bench.control_plane_ops`).
 The last line is ``step_us_per_seq_256=<float> growth_4k_to_128k=<float>``:
 microseconds per step per sequence with 256 sequences at the largest context, and the ratio of the
@@ -52,8 +53,8 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import multiprocessing
 import math
+import multiprocessing
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
