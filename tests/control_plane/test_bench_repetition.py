@@ -59,26 +59,26 @@ def test_runs_with_different_call_counts_are_refused():
 
 
 def test_the_collector_is_frozen_and_off_only_inside_the_timed_body():
-    gc.unfreeze()  # the test session may have frozen its own objects
-    try:
-        kept = [[i] for i in range(100)]  # alive while frozen: moved out of the collector's generations
-        assert gc.isenabled()
-        with frozen_gc():
-            assert gc.get_freeze_count() >= len(kept)
-            assert not gc.isenabled()
-        assert gc.get_freeze_count() == 0
-        assert gc.isenabled()
-    finally:
-        gc.freeze()
+    gc.unfreeze()  # nothing frozen before the body (tests leave nothing frozen: see tests/conftest.py)
+    kept = [[i] for i in range(100)]  # alive while frozen: moved out of the collector's generations
+    assert gc.isenabled()
+    with frozen_gc():
+        assert gc.get_freeze_count() >= len(kept)
+        assert not gc.isenabled()
+    assert gc.get_freeze_count() == 0
+    assert gc.isenabled()
 
 
 def test_objects_frozen_before_the_body_stay_frozen_after_it():
     kept = [[i] for i in range(100)]
     gc.freeze()
-    before = gc.get_freeze_count()
-    with frozen_gc():
-        pass
-    assert gc.get_freeze_count() >= before >= len(kept)
+    try:
+        before = gc.get_freeze_count()
+        with frozen_gc():
+            pass
+        assert gc.get_freeze_count() >= before >= len(kept)
+    finally:
+        gc.unfreeze()  # a frozen object left behind would fail the loader's collection-pause test
 
 
 def test_the_collector_stays_off_after_the_body_when_it_was_off_before():
