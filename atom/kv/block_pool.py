@@ -19,17 +19,19 @@ Eviction is lazy: a released block keeps its page and node until its memory is n
 chosen chunk-aware: among the least recently used cached blocks, the one worth least (the owner's
 policy), then the one whose chunk has the fewest pages in use (so chunks drain and can be lent to
 the other owner); :meth:`reclaim_chunk` frees a whole chunk whose every used page is cached. The
-per-chunk counts of cached pages these need are kept incrementally: a release appends the run of
-blocks it cached, and the runs are added to the counts (one C-level pass) when a count is next read,
-by a claim or an eviction of a cached block or a room check; a block that stops being cached is
-taken off its chunk's count. Eviction thus never recounts the cache, and a request's end counts
+per-chunk counts of cached pages these need are kept incrementally: a release only inserts the
+blocks it caches into the LRU dict and counts how many it inserted; the newest that-many entries of
+the dict are added to the counts (one C-level pass) when a count is next read, by a claim or an
+eviction of a cached block or a room check; a block that stops being cached is taken off its
+chunk's count (counts first, then it leaves the dict, so the uncounted entries are always the
+newest ones). Eviction thus never recounts the cache, and a request's end counts
 nothing. ``check_integrity`` compares the counts with a recount.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from itertools import chain
+from itertools import islice
 from typing import Callable, Collection, Iterable, Sequence
 
 from atom.kv.page_map import LogicalPageMap, Owner
@@ -60,9 +62,9 @@ class BlockPool:
         # needed, as a claimed block leaves it; a bulk update is 3x cheaper than an OrderedDict's)
         self._cached: dict[int, None] = {}
         # chunk -> this owner's cached pages in it (no zero entries; a Counter: a missing chunk reads 0),
-        # less the runs of newly cached ids in ``_uncounted``, added when a count is next read
+        # less the newest ``_num_uncounted`` entries of ``_cached``, added when a count is next read
         self._cached_in_chunk: Counter[int] = Counter()
-        self._uncounted: list[list[int]] = []
+        self._num_uncounted = 0
         self._ppc = arena.pages_per_chunk(owner)
         self.evicted_hashes: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
@@ -133,8 +135,8 @@ class BlockPool:
         """Take one more reference to a used or cached block."""
         if self.ref[block_id] == 0:
             assert block_id in self._cached, f"{self.owner}: claim of vacant block {block_id}"
-            del self._cached[block_id]
             self._uncount(block_id)
+            del self._cached[block_id]
         self.ref[block_id] += 1
 
     def claim_many(self, block_ids: list[int]) -> None:
@@ -144,8 +146,8 @@ class BlockPool:
             r = ref[bid]
             if r == 0:
                 assert bid in cached, f"{self.owner}: claim of vacant block {bid}"
-                del cached[bid]
                 self._uncount(bid)
+                del cached[bid]
             ref[bid] = r + 1
 
     def release(self, block_id: int, keep: bool = True) -> None:
@@ -167,15 +169,16 @@ class BlockPool:
             if gone:
                 self._free_many(gone)
             return
-        nodes, kept, unpublished = self.node, [], []
-        for bid in block_ids:  # one pass: drop the reference, sort the ids it was the last of
+        nodes, cached, unpublished = self.node, self._cached, []
+        before = len(cached)
+        for bid in block_ids:  # one pass: drop the reference, cache the published ids it was the last of
             r = ref[bid] - 1
             ref[bid] = r
             if not r:  # (``x.append`` in place: the interpreter specializes it, not a bound-method local)
                 if nodes[bid] < 0:
                     unpublished.append(bid)
                 else:
-                    kept.append(bid)
+                    cached[bid] = None  # (a used id is never cached already)
         if len(unpublished) == 1:  # (a request's partly written last block: inlined, one call less)
             bid = unpublished[0]
             self.arena.free_one(self.owner, bid)
@@ -184,28 +187,30 @@ class BlockPool:
             self._vacant.append(bid)
         elif unpublished:
             self._free_unpublished(unpublished)
+        kept = len(cached) - before
         if not kept:
             return
-        self._cached.update(dict.fromkeys(kept))
-        self._uncounted.append(kept)  # counted per chunk when a count is next read (_counts)
+        self._num_uncounted += kept  # counted per chunk when a count is next read (_counts)
         if self.unlock_tokens is not None:  # only a valuing policy reads the age
             at, clock = self.cached_at, self._clock
-            for bid in kept:
+            for bid in reversed(list(islice(reversed(cached), kept))):  # in release order
                 at[bid] = clock
                 clock += 1
             self._clock = clock
         else:
-            self._clock += len(kept)
+            self._clock += kept
 
     def _counts(self) -> Counter[int]:
-        """The per-chunk cached page counts, first adding the runs cached since the last read (in one
-        C-level pass). Releases only append a run: a request's end does not count its pages, and
-        the counting is done at most once per cached block, by the first eviction or claim of a
-        cached block (or a room check) that reads the counts."""
-        if self._uncounted:
+        """The per-chunk cached page counts, first adding the blocks cached since the last read (the
+        newest entries of the LRU dict, in one C-level pass). Releases only insert and count: a
+        request's end does not count its pages per chunk, and the counting is done at most once per
+        cached block, by the first eviction or claim of a cached block (or a room check) that reads
+        the counts. A block leaves the dict only after this ran (:meth:`_uncount`)."""
+        n = self._num_uncounted
+        if n:
             of = self._chunk.__getitem__
-            self._cached_in_chunk.update(map(of, chain.from_iterable(self._uncounted)))
-            self._uncounted.clear()
+            self._cached_in_chunk.update(map(of, islice(reversed(self._cached), n)))
+            self._num_uncounted = 0
         return self._cached_in_chunk
 
     def cached_pages_per_chunk(self) -> dict[int, int]:
@@ -243,8 +248,8 @@ class BlockPool:
     def evict(self, block_id: int) -> None:
         """Drop a cached block from the index and return its page to the arena."""
         assert block_id in self._cached, f"{self.owner}: evict of non-cached block {block_id}"
-        del self._cached[block_id]
         self._uncount(block_id)
+        del self._cached[block_id]
         if self.write_back is not None:
             self.write_back(block_id, self.node[block_id])
         self.on_evict(self.node[block_id])
@@ -277,7 +282,8 @@ class BlockPool:
         return tokens / (self._clock - self.cached_at[block_id]) if tokens else 0.0
 
     def _uncount(self, block_id: int) -> None:
-        """``block_id`` stops being cached: one cached page fewer in its chunk."""
+        """``block_id`` stops being cached: one cached page fewer in its chunk (called while it is
+        still in ``_cached``, so that :meth:`_counts` counts the newest entries right)."""
         counts, chunk = self._counts(), self._chunk[block_id]
         n = counts[chunk] - 1
         if n:
