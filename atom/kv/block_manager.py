@@ -205,7 +205,7 @@ class BlockManager:
         if restore:
             host_tier.restore(self, restore, claimed, self._first_pages(blocks, num_new, extra))
         h = self.holdings[seq.seq_id] = KvHoldings(seq.seq_id, self.updates)
-        self._claim_hit(h, chain, blocks)
+        self._claim_hit(h, chain, blocks, None if restore else (comp_ids, swa_ids))
         h.retain_boundaries = self._retain_boundaries(seq, match)  # (before growth: it decides what is kept)
         seq.num_computed_tokens = seq.num_cached_tokens = start
         self.grow(seq, num_new, within_pins=True)
@@ -256,12 +256,17 @@ class BlockManager:
             return self._room_possible(swa, comp, state, {COMPRESS: protected}, keep_pins=True)
         return longest_fitting_chunk(start, num_new, b, fits) or min(num_new, b - start % b)
 
-    def _claim_hit(self, h: KvHoldings, chain: list[int], blocks: int) -> None:
-        """Claim the hit's blocks (a miss claims nothing: the fresh holdings already say so)."""
+    def _claim_hit(self, h: KvHoldings, chain: list[int], blocks: int,
+                   ids: tuple[list[int], list[int]] | None = None) -> None:
+        """Claim the hit's blocks (a miss claims nothing: the fresh holdings already say so).
+        ``ids``: (compressed blocks at ``chain[:blocks]``, SWA blocks of its trailing window) as
+        :meth:`_admit` read them from the index, when nothing changed the index since (no host-tier
+        restore in between); else the pools read them again."""
         if blocks:
+            comp_ids, swa_ids = ids if ids is not None else (None, None)
             if self.has_compressed:
-                self.comp.claim_hit(h, chain, blocks)
-            self.swa.claim_hit(h, chain, blocks)
+                self.comp.claim_hit(h, chain, blocks, comp_ids)
+            self.swa.claim_hit(h, chain, blocks, swa_ids)
             h.published_upto = h.hit_blocks = blocks
             h.tip = chain[blocks - 1]
             self.index.ref(h.tip)

@@ -40,9 +40,12 @@ class CompressedPool:
                 return j
         return len(chain)
 
-    def claim_hit(self, h: KvHoldings, chain: Sequence[int], blocks: int) -> None:
-        comp = self.pool.index.comp
-        ids = [comp[node] for node in chain[:blocks]]
+    def claim_hit(self, h: KvHoldings, chain: Sequence[int], blocks: int, ids: list[int] | None = None) -> None:
+        """Claim the published blocks at ``chain[:blocks]``; ``ids``: those blocks, when the caller
+        has read them from the index already (not read again)."""
+        if ids is None:
+            comp = self.pool.index.comp
+            ids = [comp[node] for node in chain[:blocks]]
         self.pool.claim_many(ids)
         h.write(COMPRESS, 0, ids, [self.pool.pages[bid] for bid in ids])
 

@@ -118,16 +118,21 @@ class SlidingWindowPool:
                 break
         return window_only, (with_state if self.needs_state else window_only)
 
-    def claim_hit(self, h: KvHoldings, chain: Sequence[int], boundary: int) -> None:
-        """Give the request the trailing window blocks of a hit at ``boundary`` (earlier: -1)."""
+    def claim_hit(self, h: KvHoldings, chain: Sequence[int], boundary: int, ids: list[int] | None = None) -> None:
+        """Give the request the trailing window blocks of a hit at ``boundary`` (earlier: -1).
+        ``ids``: those blocks (``chain[boundary - tail_blocks:boundary]``'s), when the caller has
+        read them from the index already (not read again)."""
         first = max(0, boundary - self.tail_blocks)
-        swa_at = self.index.swa
-        ids = [swa_at[n] for n in chain[first:boundary]]
-        for bid in ids:
-            assert bid >= 0, "claim_hit on a boundary that bounded_hit did not allow"
-            self.pool.claim(bid)
-            if bid in self._pins:
-                self._pins.move_to_end(bid)
+        if ids is None:
+            swa_at = self.index.swa
+            ids = [swa_at[n] for n in chain[first:boundary]]
+        assert -1 not in ids, "claim_hit on a boundary that bounded_hit did not allow"
+        self.pool.claim_many(ids)
+        pins = self._pins
+        if pins:
+            for bid in ids:
+                if bid in pins:
+                    pins.move_to_end(bid)
         h.write(SWA, first, ids, [self.pool.pages[bid] for bid in ids])
         h.swa_released_upto = first
         h.restore_page = h.swa.pages[boundary - 1] if (self.needs_state and boundary) else -1
