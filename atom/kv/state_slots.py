@@ -24,15 +24,19 @@ __all__ = ["StatePages"]
 
 
 class StatePages:
-    """The state pages of live requests; logical id = ``seq_id`` (unique among live requests)."""
+    """The state pages of live requests; logical id = ``seq_id`` (unique among live requests).
+
+    The request's ``state_slot`` and the arena's map (``seq_id`` -> page) are the only records of a
+    page: no third copy is kept here (taking and returning a page cost no dict work of their own;
+    :meth:`check_integrity` compares the two)."""
 
     def __init__(self, arena: LogicalPageMap, has_state: bool) -> None:
         self.arena = arena
         self.has_state = has_state
-        self._held: dict[int, int] = {}  # seq_id -> page
+        self._num_held = 0
 
     def num_held(self) -> int:
-        return len(self._held)
+        return self._num_held
 
     def pages_needed(self, h: KvHoldings) -> int:
         """1 for a request that needs a state page and has none yet, else 0."""
@@ -40,19 +44,20 @@ class StatePages:
 
     def take(self, h: KvHoldings) -> None:
         """Give the request its state page; the caller made room (:class:`ArenaEmpty` if it did not)."""
-        assert h.seq_id not in self._held, f"seq {h.seq_id} already holds state page {self._held[h.seq_id]}"
+        assert h.state_slot < 0, f"seq {h.seq_id} already holds state page {h.state_slot}"
         h.state_slot = self.arena.alloc_ids(STATE, [h.seq_id])[0]  # seq ids of live requests are distinct
-        self._held[h.seq_id] = h.state_slot
+        self._num_held += 1
 
     def give_back(self, h: KvHoldings) -> None:
         if h.state_slot < 0:
             return
-        assert self._held.pop(h.seq_id, None) == h.state_slot, f"seq {h.seq_id}: state page not held"
-        self.arena.free_one(STATE, h.seq_id)
+        self.arena.free_one(STATE, h.seq_id)  # (ArenaError if the arena maps no page for it)
         h.state_slot = -1
+        self._num_held -= 1
 
     def check_integrity(self, holdings: list[KvHoldings]) -> None:
         held = {h.seq_id: h.state_slot for h in holdings if h.state_slot >= 0}
-        assert held == self._held, f"state pages held {held} vs recorded {self._held}"
+        assert len(held) == self._num_held, f"{len(held)} requests hold a state page, {self._num_held} counted"
+        assert len(set(held.values())) == len(held), "a state page held by two requests"
         for sid, page in held.items():
             assert self.arena.page(STATE, sid) == page, f"seq {sid}: stale state page"
