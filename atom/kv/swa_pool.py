@@ -224,16 +224,13 @@ class SlidingWindowPool:
         keep, run = self._kept_indices(h, lo, hi), h.swa.blocks[lo:hi]
         if SCRATCH in run:  # pages lent for the step without ids (_back_with_scratch)
             self.pool.arena.give_back_unmapped(SWA, _scratch_pages(run, h.swa.pages, lo))
-        kept = []
-        if keep and not isinstance(keep, range):  # a few retained windows: take them out of the run
-            for j in sorted(keep):
-                bid = run[j - lo]
-                if bid >= 0:
-                    run[j - lo] = -1
+        kept, dropped = [], []
+        for j, bid in enumerate(run, lo):  # one pass, ascending: what is kept and what is freed
+            if bid >= 0:
+                if j in keep:
                     kept.append(bid)
-        elif keep:  # full retain: the whole run is kept
-            kept, run = [bid for bid in run if bid >= 0], []
-        dropped = [bid for bid in run if bid >= 0]
+                else:
+                    dropped.append(bid)
         if kept:
             self.pool.release_many(kept, keep=True)
         if dropped:
