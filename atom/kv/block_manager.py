@@ -195,20 +195,26 @@ class BlockManager:
         restore = {COMPRESS: [chain[j] for j in range(blocks) if comp_at[chain[j]] < 0] if self.has_compressed else [],
                    SWA: [chain[j] for j in window if swa_at[chain[j]] < 0]} if match.from_host else None
         extra = (len(restore[SWA]), len(restore[COMPRESS])) if restore else (0, 0)
-        if not self._admission_fits(blocks, num_new, claimed, extra=extra):
+        first = self._first_pages(blocks, num_new, extra)
+        room_now = self.arena.can_alloc(*first)  # (:meth:`_admission_fits`, its first test kept)
+        if not room_now and not self._room_possible(*first, claimed):
             return 0
         if self.swa.num_pins:
             within = {SWA: claimed[SWA],
                       COMPRESS: pinned_prefix_blocks(self.swa, self.comp.pool).union(claimed[COMPRESS])}
-            num_new = longest_fitting_chunk(start, num_new, self.block_size,
-                                            lambda m: self._admission_fits(blocks, m, within, True, extra)) or num_new
+            fitted = longest_fitting_chunk(start, num_new, self.block_size,
+                                           lambda m: self._admission_fits(blocks, m, within, True, extra)) or num_new
+            room_now, num_new = room_now and fitted == num_new, fitted
         if restore:
             host_tier.restore(self, restore, claimed, self._first_pages(blocks, num_new, extra))
         h = self.holdings[seq.seq_id] = KvHoldings(seq.seq_id, self.updates)
         self._claim_hit(h, chain, blocks, None if restore else (comp_ids, swa_ids))
         h.retain_boundaries = self._retain_boundaries(seq, match)  # (before growth: it decides what is kept)
         seq.num_computed_tokens = seq.num_cached_tokens = start
-        self.grow(seq, num_new, within_pins=True)
+        if room_now and not restore:  # the pages counted above fit without eviction; claims take none
+            self._back(h, start, num_new, *first)
+        else:
+            self.grow(seq, num_new, within_pins=True)
         h.state_fresh = True
         if seq.num_preemptions == 0:  # a re-admission's hit is mostly its own recompute: count once
             self._count(seq, match)
@@ -350,8 +356,15 @@ class BlockManager:
         if spare_only and not self.arena.can_alloc(swa_new, comp_new, state_new):
             raise ArenaEmpty(f"no spare room for {swa_new} SWA + {comp_new} compressed + {state_new} state pages")
         self._make_room(swa_new, comp_new, state_new, within_pins)
+        self._back(h, start, num_new, swa_new, comp_new, state_new)
+
+    def _back(self, h: KvHoldings, start: int, num_new: int, swa_new: int, comp_new: int, state_new: int) -> None:
+        """Give positions ``start .. start+num_new-1`` their new pages (``swa_new`` SWA, ``comp_new``
+        compressed and ``state_new`` state pages, counted by the caller, who made room for them).
+        :meth:`_admit` calls it directly when the arena had room before the hit was claimed (a claim
+        takes no page), skipping :meth:`grow`'s recount and room check."""
         if comp_new:
-            self.comp.ensure(h, end)
+            self.comp.ensure(h, start + num_new)
         if swa_new:
             self.swa.ensure(h, start, num_new)
         if state_new:
