@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from atom.sampling_params import SamplingParams
+from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
@@ -33,6 +34,33 @@ def reference_greedy(model, prompt, n):
     return tokens
 
 
+class ReferenceRuns:
+    """:func:`reference_greedy` and :func:`reference_logits` of one reference model, each computed once: the
+    parametrized cases below ask the same reference for the same prompts (and, when their tokens match, the
+    same full sequences). The reference keeps no state between runs (a new cache each), so a second run
+    would give the same tensors."""
+
+    def __init__(self, model):
+        self.model, self._greedy, self._logits = model, {}, {}
+
+    def greedy(self, prompt: list[int], n: int) -> list[int]:
+        key = (tuple(prompt), n)
+        if key not in self._greedy:
+            self._greedy[key] = reference_greedy(self.model, prompt, n)
+        return self._greedy[key]
+
+    def logits(self, tokens: list[int]) -> torch.Tensor:
+        key = tuple(tokens)
+        if key not in self._logits:
+            self._logits[key] = reference_logits(self.model, tokens)
+        return self._logits[key]
+
+
+@pytest.fixture(scope="module")
+def reference_runs(reference) -> ReferenceRuns:
+    return ReferenceRuns(reference)
+
+
 def run_recording_logits(engine):
     """Step to completion; check integrity each step; collect (seq_id, start, logits) per step."""
     steps = []
@@ -45,7 +73,8 @@ def run_recording_logits(engine):
 
 @pytest.mark.parametrize("full_retain", [False, pytest.param(True, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("num_chunks", [200, pytest.param(5, marks=pytest.mark.slow)], ids=["roomy", "preempting"])
-def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, reference, full_retain, num_chunks):
+def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, reference_runs, full_retain,
+                                                                  num_chunks):
     engine = make_engine(num_chunks=num_chunks, full_retain=full_retain)
     n_out = 6 if num_chunks == 200 else 40  # long decodes make running requests grow into each other
     params = SamplingParams(max_tokens=n_out, temperature=0.0, ignore_eos=True)
@@ -55,14 +84,15 @@ def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, r
     steps = run_recording_logits(engine)
     assert (engine.scheduler.num_preemptions > 0) == (num_chunks == 5)  # the tight arena must preempt
     for seq, p in zip(seqs, prompts()):
-        assert seq.output_token_ids == reference_greedy(reference, p, n_out), f"prompt of {len(p)} tokens"
-    full = {s.seq_id: reference_logits(reference, s.token_ids[:-1]) for s in seqs}
+        assert seq.output_token_ids == reference_runs.greedy(p, n_out), f"prompt of {len(p)} tokens"
+    full = {s.seq_id: reference_runs.logits(s.token_ids[:-1]) for s in seqs}
     for sid, start, logits in steps:
         want = full[sid][start:start + logits.shape[0]]
         torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("cached_interpreter_patching")
 def test_the_triton_kernels_give_the_same_greedy_tokens(make_engine, reference):
     engine = make_engine(backend="triton", budget=24)
     prompt = prompts()[4]

@@ -8,6 +8,7 @@ import torch
 
 from atom.models.deepseek_v4_serving.attention import ArenaAttention
 from support.counted_runs import counted_greedy_run
+from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
@@ -25,6 +26,7 @@ def test_the_torch_backend_keeps_the_unfused_write_and_the_triton_backend_fuses_
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("cached_interpreter_patching")
 @pytest.mark.parametrize("rows,quant_sim", [("fp32", False), ("fp8", True)], ids=["fp32-rows", "fp8-rows-quant-sim"])
 def test_on_triton_the_fused_write_gives_the_unfused_paths_logits_and_arena_bytes(make_engine, rows, quant_sim):
     fused = make_engine(backend="triton", kv_cache_dtype=rows, quant_sim=quant_sim, budget=24)

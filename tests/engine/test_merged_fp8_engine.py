@@ -19,6 +19,7 @@ from atom.models.deepseek_v4.merged_linear import FP8_WEIGHT_BLOCK, MergedLinear
 from atom.sampling_params import SamplingParams
 from atom.tokenizer import write_builtin_tokenizer
 from engine.test_engine_vs_reference import reference_greedy, run_recording_logits
+from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
@@ -84,6 +85,7 @@ def test_the_built_in_tiny_sizes_keep_the_fp8_parts_as_separate_gemms(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("cached_interpreter_patching")
 def test_merged_w8a8_gemms_give_the_greedy_tokens_and_logits_of_one_gemm_per_linear(aligned_dir):
     merged_tokens, merged_logits = greedy_run(triton_engine(aligned_dir))
     separate = triton_engine(aligned_dir)

@@ -10,6 +10,7 @@ from atom.models.deepseek_v4.checkpoint import load_checkpoint
 from atom.models.deepseek_v4.make_tiny_checkpoint import make_tiny_checkpoint
 from atom.sampling_params import SamplingParams
 from engine.test_engine_vs_reference import reference_greedy
+from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
@@ -55,6 +56,7 @@ def test_quant_sim_defaults_on_for_a_checkpoint_that_declares_quantization(relea
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("cached_interpreter_patching")
 def test_the_triton_gemms_give_the_same_greedy_tokens(release_dir):
     engine, outputs = generate(release_dir, backend="triton", n=2, quant_sim="off")
     assert engine.runner.model.layers[1].ffn.experts[0].w1.gemm.__name__ == "mxfp4_gemm"

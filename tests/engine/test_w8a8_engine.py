@@ -8,6 +8,7 @@ from atom.models.deepseek_v4.checkpoint import load_checkpoint
 from atom.models.deepseek_v4.make_tiny_checkpoint import make_tiny_checkpoint
 from engine.test_engine_vs_reference import reference_greedy
 from engine.test_quantized_engine import PROMPTS, generate
+from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
@@ -19,6 +20,7 @@ def release_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("cached_interpreter_patching")
 def test_the_triton_backend_with_quant_sim_runs_w8a8_and_gives_the_reference_greedy_tokens(release_dir):
     engine, outputs = generate(release_dir, backend="triton", n=2, quant_sim="on")
     model = engine.runner.model
