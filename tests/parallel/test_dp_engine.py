@@ -95,6 +95,20 @@ def run_one_replica(model_dir, phases: list) -> tuple[list, list]:
 
 
 @pytest.fixture(scope="module")
+def one_replica_runs(tiny_dir):
+    """:func:`run_one_replica` of given phases, each computed once per module: every mode routes the same requests
+    to the same replicas (each test asserts the placement), so the modes compare with the same single-rank runs."""
+    runs: dict[tuple, tuple[list, list]] = {}
+
+    def run(phases: list) -> tuple[list, list]:
+        key = tuple((tuple(tuple(p) for p in prompts), n) for prompts, n in phases)
+        if key not in runs:
+            runs[key] = run_one_replica(tiny_dir, phases)
+        return runs[key]
+    return run
+
+
+@pytest.fixture(scope="module")
 def whole_scenario_tokens(tiny_dir):
     torch.set_num_threads(1)
     outputs, *_ = scenario(make_engine(tiny_dir, ParallelConfig()))
@@ -103,7 +117,7 @@ def whole_scenario_tokens(tiny_dir):
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_each_replica_computes_what_one_rank_computes_for_the_requests_routed_to_it(tiny_dir, whole_scenario_tokens,
-                                                                                   mode):
+                                                                                   one_replica_runs, mode):
     engine = engine_for(tiny_dir, MODES[mode])
     assert isinstance(engine, DataParallelEngine) and engine.replicas == 2
     try:
@@ -121,7 +135,7 @@ def test_each_replica_computes_what_one_rank_computes_for_the_requests_routed_to
     assert sum(r.padding_tokens for r in stats.replicas) == stats.padding_tokens  # the engine's count = the runner's
     for d in range(2):
         phases = [([p for p, r in zip(prompts, placed[i]) if r == d], n) for i, (prompts, n, _) in enumerate(PHASES)]
-        want_outputs, want_steps = run_one_replica(tiny_dir, phases)
+        want_outputs, want_steps = one_replica_runs(phases)
         got_outputs = [[o for o, r in zip(phase, placed[i]) if r == d] for i, phase in enumerate(outputs)]
         assert [o for o in got_outputs if o] == [o for o in want_outputs if o]
         assert [s[:3] for s in steps[d]] == [s[:3] for s in want_steps]
