@@ -9,6 +9,7 @@ from atom.models.deepseek_v4.compressor import Compressor
 from support.counted_runs import counted_greedy_run
 from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+from support.shallow_model import make_shallow_engine, shallow_dir  # noqa: F401  (fixtures)
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
@@ -29,9 +30,9 @@ def test_every_backend_adds_ape_in_the_kernels_and_only_triton_merges_the_compre
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("cached_interpreter_patching")
-def test_on_triton_the_merged_gemm_gives_the_two_gemms_tokens_with_one_mm_fewer_per_compressor(make_engine):
-    merged = make_engine(backend="triton", budget=24)
-    separate = make_engine(backend="triton", budget=24)
+def test_on_triton_the_merged_gemm_gives_the_two_gemms_tokens_with_one_mm_fewer_per_compressor(make_shallow_engine):
+    merged = make_shallow_engine(backend="triton", budget=24)
+    separate = make_shallow_engine(backend="triton", budget=24)
     for comp in compressors(separate):
         comp.bind_fused_gemm(False)
     tokens, logits, count, steps = counted_greedy_run(merged, PROMPT, 3)

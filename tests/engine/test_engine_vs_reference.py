@@ -4,9 +4,11 @@
 import pytest
 import torch
 
+from atom.models.deepseek_v4.checkpoint import load_checkpoint
 from atom.sampling_params import SamplingParams
 from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+from support.shallow_model import make_shallow_engine, shallow_dir  # noqa: F401  (fixtures)
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
@@ -93,12 +95,12 @@ def test_greedy_tokens_and_every_steps_logits_match_the_reference(make_engine, r
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("cached_interpreter_patching")
-def test_the_triton_kernels_give_the_same_greedy_tokens(make_engine, reference):
-    engine = make_engine(backend="triton", budget=24)
+def test_the_triton_kernels_give_the_same_greedy_tokens(make_shallow_engine, shallow_dir):
+    engine = make_shallow_engine(backend="triton", budget=24)
     prompt = prompts()[4]
     seq = engine.sequence(engine.add_request(prompt, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)))
     run_recording_logits(engine)
-    assert seq.output_token_ids == reference_greedy(reference, prompt, 3)
+    assert seq.output_token_ids == reference_greedy(load_checkpoint(shallow_dir), prompt, 3)
 
 
 def test_all_memory_returns_to_the_arena_when_requests_finish(make_engine):

@@ -10,6 +10,7 @@ from atom.models.deepseek_v4_serving.attention import ArenaAttention
 from support.counted_runs import counted_greedy_run
 from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+from support.shallow_model import make_shallow_engine, shallow_dir  # noqa: F401  (fixtures)
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
@@ -28,9 +29,10 @@ def test_the_torch_backend_keeps_the_unfused_write_and_the_triton_backend_fuses_
 @pytest.mark.slow
 @pytest.mark.usefixtures("cached_interpreter_patching")
 @pytest.mark.parametrize("rows,quant_sim", [("fp32", False), ("fp8", True)], ids=["fp32-rows", "fp8-rows-quant-sim"])
-def test_on_triton_the_fused_write_gives_the_unfused_paths_logits_and_arena_bytes(make_engine, rows, quant_sim):
-    fused = make_engine(backend="triton", kv_cache_dtype=rows, quant_sim=quant_sim, budget=24)
-    unfused = make_engine(backend="triton", kv_cache_dtype=rows, quant_sim=quant_sim, budget=24)
+def test_on_triton_the_fused_write_gives_the_unfused_paths_logits_and_arena_bytes(make_shallow_engine, rows,
+                                                                                  quant_sim):
+    fused = make_shallow_engine(backend="triton", kv_cache_dtype=rows, quant_sim=quant_sim, budget=24)
+    unfused = make_shallow_engine(backend="triton", kv_cache_dtype=rows, quant_sim=quant_sim, budget=24)
     for layer in attention_layers(unfused):
         layer.fuse_kv_write = False  # the path before the fusion: kv_norm and rope kernels, round trip, swa_write
     tokens, logits, count, steps = counted_greedy_run(fused, PROMPT, 2)

@@ -21,6 +21,7 @@ from atom.tokenizer import write_builtin_tokenizer
 from engine.test_engine_vs_reference import reference_greedy, run_recording_logits
 from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+from support.shallow_model import write_shallow_checkpoint
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
@@ -37,6 +38,14 @@ def aligned_dir(tmp_path_factory):
                            fp4_experts=True)
     write_builtin_tokenizer(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def shallow_aligned_dir(tmp_path_factory):
+    """The same checkpoint cut to the tiny model's first three layers (``support.shallow_model``): one layer of
+    each attention kind, so one of each merge group, on half the interpreted layers."""
+    return write_shallow_checkpoint(tmp_path_factory.mktemp("shallow-aligned"), fp8=True, fp4_experts=True,
+                                    q_lora_rank=FP8_WEIGHT_BLOCK, moe_inter_dim=FP8_WEIGHT_BLOCK)
 
 
 def triton_engine(path) -> LLMEngine:
@@ -86,14 +95,14 @@ def test_the_built_in_tiny_sizes_keep_the_fp8_parts_as_separate_gemms(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("cached_interpreter_patching")
-def test_merged_w8a8_gemms_give_the_greedy_tokens_and_logits_of_one_gemm_per_linear(aligned_dir):
-    merged_tokens, merged_logits = greedy_run(triton_engine(aligned_dir))
-    separate = triton_engine(aligned_dir)
+def test_merged_w8a8_gemms_give_the_greedy_tokens_and_logits_of_one_gemm_per_linear(shallow_aligned_dir):
+    merged_tokens, merged_logits = greedy_run(triton_engine(shallow_aligned_dir))
+    separate = triton_engine(shallow_aligned_dir)
     for group in merge_groups(separate):
         group.bind(merge=False)
     separate_tokens, separate_logits = greedy_run(separate)
     assert merged_tokens == separate_tokens
-    assert merged_tokens == reference_greedy(load_checkpoint(aligned_dir, quant_sim=True), PROMPT, N_OUT)
+    assert merged_tokens == reference_greedy(load_checkpoint(shallow_aligned_dir, quant_sim=True), PROMPT, N_OUT)
     assert merged_logits.keys() == separate_logits.keys() == {0, len(PROMPT), len(PROMPT) + 1}
     for start, logits in merged_logits.items():
         want = separate_logits[start]

@@ -12,6 +12,7 @@ from atom.sampling_params import SamplingParams
 from engine.test_engine_vs_reference import reference_greedy
 from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+from support.shallow_model import shallow_release_dir  # noqa: F401  (a fixture)
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
@@ -57,8 +58,8 @@ def test_quant_sim_defaults_on_for_a_checkpoint_that_declares_quantization(relea
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("cached_interpreter_patching")
-def test_the_triton_gemms_give_the_same_greedy_tokens(release_dir):
-    engine, outputs = generate(release_dir, backend="triton", n=2, quant_sim="off")
+def test_the_triton_gemms_give_the_same_greedy_tokens(shallow_release_dir):
+    engine, outputs = generate(shallow_release_dir, backend="triton", n=2, quant_sim="off")
     assert engine.runner.model.layers[1].ffn.experts[0].w1.gemm.__name__ == "mxfp4_gemm"
-    reference = load_checkpoint(release_dir, keep_quantized=False)
+    reference = load_checkpoint(shallow_release_dir, keep_quantized=False)
     assert outputs == [reference_greedy(reference, p, 2) for p in PROMPTS]

@@ -10,6 +10,7 @@ from engine.test_engine_vs_reference import reference_greedy
 from engine.test_quantized_engine import PROMPTS, generate
 from support.interpreter_patching import cached_interpreter_patching  # noqa: F401  (a fixture)
 from support.runtime_warnings import FAIL_ON_RUNTIME_WARNINGS
+from support.shallow_model import shallow_release_dir  # noqa: F401  (a fixture)
 
 pytestmark = FAIL_ON_RUNTIME_WARNINGS
 
@@ -21,15 +22,15 @@ def release_dir(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("cached_interpreter_patching")
-def test_the_triton_backend_with_quant_sim_runs_w8a8_and_gives_the_reference_greedy_tokens(release_dir):
-    engine, outputs = generate(release_dir, backend="triton", n=2, quant_sim="on")
+def test_the_triton_backend_with_quant_sim_runs_w8a8_and_gives_the_reference_greedy_tokens(shallow_release_dir):
+    engine, outputs = generate(shallow_release_dir, backend="triton", n=2, quant_sim="on")
     model = engine.runner.model
     block = model.layers[1]
     for lin in (block.attn.wq_a, block.attn.wkv, block.attn.wq_b, block.attn.indexer.wq_b, block.attn.wo_b,
                 block.ffn.shared_experts.w1, block.ffn.shared_experts.w2):
         assert lin.w8a8 is not None and lin.w8a8[1].__name__ == "w8a8_block_gemm", lin
     assert (block.attn_norm.fp8_block, block.attn.q_norm.fp8_block, block.ffn_norm.fp8_block) == (64, 32, 64)
-    reference = load_checkpoint(release_dir, quant_sim=True)
+    reference = load_checkpoint(shallow_release_dir, quant_sim=True)
     assert outputs == [reference_greedy(reference, p, 2) for p in PROMPTS]
 
 
