@@ -22,8 +22,9 @@ def patches(patch_builtin, pkg) -> list[tuple[str, object]]:
     scope = interpreter._LangPatchScope()
     patch_builtin(pkg, interpreter.interpreter_builder, scope)
     made = [(name, getattr(pkg, name).__kwdefaults__["member"]) for _, name, _ in scope._changes]
-    assert [original for _, _, original in scope._changes] == [member for _, member in made]
+    originals = [original for _, _, original in scope._changes]
     scope.restore()
+    assert originals == [member for _, member in made]  # each wrapper wraps what it replaced
     return made
 
 
