@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping
 
-__all__ = ["EnvError", "EnvVar", "REGISTRY", "AtomEnv", "load", "documentation"]
+__all__ = ["EnvError", "EnvVar", "REGISTRY", "AtomEnv", "load", "documentation", "child_environment"]
 
 
 class EnvError(ValueError):
@@ -158,6 +158,12 @@ def load(environ: Mapping[str, str] | None = None) -> AtomEnv:
             stacklevel=2,
         )
     return AtomEnv(**values)
+
+
+def child_environment(drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """A copy of this process's environment without the variables in ``drop``, for a child process
+    that must not inherit them (the GPU check runs its steps without ``TRITON_INTERPRET``)."""
+    return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def documentation() -> str:

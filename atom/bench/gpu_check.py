@@ -36,6 +36,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from atom.envs import child_environment
+
 __all__ = ["Step", "StepResult", "STEPS", "run_steps", "junit_counts", "main"]
 
 
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"gpu_check: {name}; torch {torch.__version__}, triton {triton.__version__}, python {sys.version.split()[0]}",
           flush=True)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled kernels, not the interpreter
+    env = child_environment(drop=("TRITON_INTERPRET",))  # compiled kernels, not the interpreter
     root = Path(__file__).resolve().parents[2]
     results = run_steps(STEPS, args.out.resolve(), args.budget_s, cwd=root, env=env)
     passed, failed, skipped = junit_counts(args.out / "gpu_tests.xml")

@@ -80,3 +80,12 @@ def test_no_module_outside_envs_reads_the_environment():
                 continue
             offenders += [f"{path.relative_to(ROOT)}:{n}" for n in environment_reads(path.read_text())]
     assert offenders == []
+
+
+def test_a_child_environment_keeps_the_process_environment_less_the_dropped_variables(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("ATOM_TEST_CHILD_KEPT", "kept value")
+    child = envs.child_environment(drop=("TRITON_INTERPRET",))
+    assert "TRITON_INTERPRET" not in child
+    assert child["ATOM_TEST_CHILD_KEPT"] == "kept value"
+    assert envs.child_environment()["TRITON_INTERPRET"] == "1"
