@@ -17,8 +17,9 @@ batch entry alike whatever the batch count), and add the blocks' partial sums on
 list order. A trailing block of masked keys contributes exact zeros (``x + 0.0 == x``), and a block's
 result depends only on its own keys, so a list widened with ``-1`` entries (which sit after the real
 ones: window lists are fixed, compressed lists ascending) gives the same bits, as does a step with
-other queries in it. (The Triton attention kernel also walks a list block by block, but splits long lists
-by the step's shape, ``key_splits``: it is not made batch-invariant here.)
+other queries in it. The Triton attention kernel walks a list in whole steps of its own, from the
+sink, so a trailing step of masked keys leaves its state unchanged too; what made it depend on the step
+was splitting long lists by the step's shape (``key_splits``), which it does not do inside the scope.
 
 Cost: keys padded to a multiple of the block and one addition per block, so the engine turns it on only
 for batch-invariant models (``DeepseekV4Config.batch_invariant``); the default path is unchanged.

@@ -9,6 +9,7 @@ import torch
 from support.kernels import arena_rows, assert_within_bf16_probability_rounding, i32, random_table
 
 from atom.kernels.backend import load_kernels
+from atom.kernels.key_blocks import fixed_key_blocks
 from atom.kernels.sparse_attention import key_splits, sparse_attention, sparse_attention_ref
 from atom.kernels.tiles import TILES
 
@@ -211,3 +212,36 @@ def test_split_keys_in_bf16_stay_within_the_probability_rounding(split_keys, gen
     got = sparse_attention(q, wrows, widx, crows, cidx, sink, scale=32 ** -0.5)
     ref = sparse_attention_ref(q, wrows, widx, crows, cidx, sink, scale=32 ** -0.5)
     assert_within_bf16_probability_rounding(got, ref, torch.cat([wrows, crows]))
+
+
+@pytest.fixture
+def split_by_step(monkeypatch):
+    """Interpreter tiles that split key lists into 16-row steps until a step has 8 programs, as a GPU splits
+    until it is full: the split then follows the step's token count and its lists' width."""
+    monkeypatch.setitem(TILES, "interpreter", dataclasses.replace(TILES["interpreter"], attn_rows=16,
+                                                                  attn_split_below=8))
+
+
+def _widened(idx: torch.Tensor, width: int) -> torch.Tensor:
+    """``idx`` with -1 columns after its own up to ``width`` (how a step pads a request's list)."""
+    return torch.cat([idx, torch.full((idx.shape[0], width - idx.shape[1]), -1, dtype=idx.dtype)], dim=1)
+
+
+def test_with_fixed_key_blocks_a_tokens_output_ignores_its_lists_padding_and_the_other_tokens(split_by_step, gen):
+    q, wrows, widx, crows, cidx, sink = random_case(3, 4, 16, 30, 90, 16, 200, gen)
+
+    def first_token(tokens: int, width: int) -> torch.Tensor:
+        out = sparse_attention(q[:tokens], wrows, widx[:tokens], crows, _widened(cidx[:tokens], width), sink,
+                               scale=0.25)
+        return out[0]
+
+    with fixed_key_blocks():
+        alone, padded, in_company = first_token(1, 200), first_token(1, 400), first_token(3, 200)
+    assert torch.equal(alone, padded) and torch.equal(alone, in_company)
+    torch.testing.assert_close(alone, sparse_attention_ref(q[:1], wrows, widx[:1], crows, cidx[:1], sink,
+                                                           scale=0.25)[0], rtol=2e-5, atol=2e-6)
+    # outside the scope the split follows the step (7 splits of 32 keys alone, 7 of 64 padded, 3 of 80 with
+    # two more tokens), and so do the last bits
+    assert [key_splits(t, 16 + w, 16, 8) for t, w in ((1, 200), (1, 400), (3, 200))] == [(7, 32), (7, 64), (3, 80)]
+    assert not torch.equal(first_token(1, 200), first_token(1, 400))
+    assert not torch.equal(first_token(1, 200), first_token(3, 200))
