@@ -5,7 +5,7 @@ share the call, and still compute the contract's values."""
 
 import torch
 
-from atom.kernels.index_score import index_score_ref
+from atom.kernels.index_score import index_score, index_score_ref
 from atom.kernels.key_blocks import KEY_BLOCK, block_partial_sums, block_scores, fixed_key_blocks, key_blocks_on
 from atom.kernels.sparse_attention import sparse_attention_ref
 
@@ -97,3 +97,15 @@ def test_the_scope_is_off_by_default_and_restored_when_it_ends():
             assert not key_blocks_on()
         assert key_blocks_on()
     assert not key_blocks_on()
+
+
+def test_the_triton_indexer_scores_a_candidate_alike_however_its_list_is_padded_and_whatever_else_is_scored(gen):
+    rows = _rows(300, gen)
+    q, w = torch.randn(3, H, D, generator=gen), torch.randn(3, H, generator=gen)
+    idx = torch.randint(0, 300, (3, 150), generator=gen, dtype=torch.int32)
+    alone = index_score(q[:1], w[:1], rows, idx[:1])
+    padded = index_score(q[:1], w[:1], rows, torch.cat([idx[:1], torch.full((1, 250), -1, dtype=torch.int32)], 1))
+    in_company = index_score(q, w, rows, idx)
+    assert torch.equal(padded[:, :150], alone) and torch.equal(in_company[:1], alone)
+    assert bool((padded[:, 150:] == float("-inf")).all())
+    torch.testing.assert_close(alone, index_score_ref(q[:1], w[:1], rows, idx[:1]), rtol=2e-5, atol=2e-5)
