@@ -89,10 +89,11 @@ class PrefixIndex:
         caller references what it publishes and moves its own tip."""
         if end <= first:
             return []
-        ids = self._ids
         run = hashes[first:end]
-        if ids.keys().isdisjoint(run) and len(set(run)) == len(run):  # the usual case: all new, one run
-            return self._create_run(tip, first, run, keys[first:end])
+        if self._ids.keys().isdisjoint(run):  # the usual case: all new, one run (unless a hash repeats in it)
+            nodes = self._create_run(tip, first, run, keys[first:end])
+            if nodes:
+                return nodes
         return self._extend_each(tip, first, hashes, keys, end)
 
     def _extend_each(self, tip: int, first: int, hashes: Sequence[int], keys: Sequence[bytes], end: int) -> list[int]:
@@ -112,15 +113,23 @@ class PrefixIndex:
 
     def _create_run(self, tip: int, first: int, hashes: Sequence[int], keys: Sequence[bytes]) -> list[int]:
         """New nodes for blocks ``first ..`` (absent hashes), each the child of the one before, the
-        first of ``tip``. Each holds a reference from its child (the last none yet)."""
+        first of ``tip``. Each holds a reference from its child (the last none yet). Returns ``[]``,
+        changing nothing, when a hash repeats within ``hashes`` (found by the dict's size after the
+        insert, so the usual run builds no set to check)."""
         k = len(hashes)
         free = self._free
         if len(free) < k:
             self._grow(k - len(free))
         new = free[-k:]
-        del free[-k:]
         new.reverse()  # lowest id first
-        self._ids.update(zip(hashes, new))
+        ids = self._ids
+        size = len(ids)
+        ids.update(zip(hashes, new))
+        if len(ids) != size + k:  # a repeated hash (the caller checked that none was indexed): undo
+            for h in hashes:
+                ids.pop(h, None)
+            return []
+        del free[-k:]
         h_of, p_of, k_of, d_of, refs = self.block_hash, self.parent, self.key, self.depth, self.refs
         a = new[0]
         b = a + k

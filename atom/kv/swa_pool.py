@@ -222,10 +222,12 @@ class SlidingWindowPool:
         if hi <= lo:
             return
         keep, run = self._kept_indices(h, lo, hi), h.swa.blocks[lo:hi]
+        lead = 0  # leading SCRATCH entries: only their pages go back
         if SCRATCH in run:  # pages lent for the step without ids (_back_with_scratch)
-            self.pool.arena.give_back_unmapped(SWA, _scratch_pages(run, h.swa.pages, lo))
+            pages, lead = _scratch_pages(run, h.swa.pages, lo)
+            self.pool.arena.give_back_unmapped(SWA, pages)
         kept, dropped = [], []
-        for j, bid in enumerate(run, lo):  # one pass, ascending: what is kept and what is freed
+        for j, bid in enumerate(run[lead:] if lead else run, lo + lead):  # ascending: what is kept, what is freed
             if bid >= 0:
                 if j in keep:
                     kept.append(bid)
@@ -259,7 +261,7 @@ class SlidingWindowPool:
         """Release every block held; published ones stay cached (the resumable tail)."""
         held = h.swa.blocks[h.swa_released_upto:]  # entries before it are -1 (released)
         if SCRATCH in held:  # (ended between a step's growth and its end)
-            self.pool.arena.give_back_unmapped(SWA, _scratch_pages(held, h.swa.pages, h.swa_released_upto))
+            self.pool.arena.give_back_unmapped(SWA, _scratch_pages(held, h.swa.pages, h.swa_released_upto)[0])
         held.reverse()
         if -1 in held or SCRATCH in held:  # (rare: every entry from the released mark on holds a block)
             held = [bid for bid in held if bid >= 0]
@@ -319,11 +321,11 @@ class SlidingWindowPool:
         return n
 
 
-def _scratch_pages(run: list[int], pages: list[int], lo: int) -> list[int]:
-    """The pages of the ``SCRATCH`` entries of ``run`` (table entries ``lo ..``; ``pages`` is the
-    whole page table). Usually they lead the run (a chunk's blocks that left the window, the kept
-    ones after them): then one slice, else one pass."""
+def _scratch_pages(run: list[int], pages: list[int], lo: int) -> tuple[list[int], int]:
+    """(the pages of the ``SCRATCH`` entries of ``run``, how many of them lead it) (table entries
+    ``lo ..``; ``pages`` is the whole page table). Usually they all lead the run (a chunk's blocks that
+    left the window, the kept ones after them): then one slice, else one pass."""
     k = run.count(SCRATCH)
     if run[:k] == [SCRATCH] * k:
-        return pages[lo:lo + k]
-    return [page for bid, page in zip(run, pages[lo:lo + len(run)]) if bid == SCRATCH]
+        return pages[lo:lo + k], k
+    return [page for bid, page in zip(run, pages[lo:lo + len(run)]) if bid == SCRATCH], 0
