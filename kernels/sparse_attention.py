@@ -253,10 +253,10 @@ def sparse_attention(q: torch.Tensor, window_rows: torch.Tensor, window_idx: tor
     block_d = max(16, next_pow2(dim))
     programs = num_tokens * triton.cdiv(heads, block_h)
     n_keys = window_idx.shape[1] + (cidx.shape[1] if has_comp else 0)
-    # a batch-invariant model (fixed key blocks) never splits: the split count follows the step's shape, and
-    # an unsplit walk over whole BLOCK_N steps gives a query the same bits however its list is padded
-    splits, split_len = (1, max(n_keys, 1)) if key_blocks_on() else \
-        key_splits(programs, n_keys, tiles.attn_rows, tiles.attn_split_below)
+    # a batch-invariant model (fixed key blocks) never splits (a threshold of 0): the split count follows the
+    # step's shape, and an unsplit walk over whole BLOCK_N steps gives a query the same bits however padded
+    split_below = 0 if key_blocks_on() else tiles.attn_split_below
+    splits, split_len = key_splits(programs, n_keys, tiles.attn_rows, split_below)
     part = torch.empty(num_tokens, splits, heads, dim, dtype=torch.float32, device=q.device) if splits > 1 else out
     ml = torch.empty(num_tokens, splits, 2, heads, dtype=torch.float32, device=q.device) if splits > 1 else out
     fmt = {k: v for k, v in codec_constexprs(codec).items() if k in ("FMT", "NOPE", "ROPE", "QBLOCK")}

@@ -18,19 +18,15 @@ from typing import Any
 
 import pytest
 
-from atom.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from atom.engine_builder import build_engine
-from atom.kv.kv_layout import KvLayout
 from atom.model_engine.llm_engine import LLMEngine
 from atom.models.deepseek_v4.checkpoint import random_tensors, save_checkpoint
 from atom.models.deepseek_v4.config import DeepseekV4Config
 from atom.models.deepseek_v4.loader import read_config
 from atom.tokenizer import write_builtin_tokenizer
+from support.small_engines import small_engine_builder
 
 #: sliding window, CSA, HCA, then the MTP layer's ratio (the tiny model's first three layers and its MTP layer)
 SHALLOW = dict(n_layers=3, compress_ratios=(0, 4, 16, 0))
-
-ROW_FORMAT = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8_ds_mla"}
 
 
 def shallow_config(**overrides: Any) -> DeepseekV4Config:
@@ -48,24 +44,6 @@ def write_shallow_checkpoint(out_dir: str | Path, *, seed: int = 0, fp8: bool = 
     return path
 
 
-def engine_builder(model_dir: Path) -> Callable[..., LLMEngine]:
-    """Engines over ``model_dir`` built as the engine tests' ``make_engine`` builds them over the tiny model
-    (the same defaults and knobs), every call a new engine."""
-    spec_of = read_config(model_dir).kv_spec
-
-    def make(*, budget: int = 37, max_seqs: int = 8, max_model_len: int = 512, num_chunks: int = 200,
-             backend: str | None = None, kv_cache_dtype: str = "fp32", quant_sim: bool = False,
-             poison: bool = True) -> LLMEngine:
-        limits = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=max_model_len)
-        kv = KvLayout.for_chunks(spec_of(ROW_FORMAT[kv_cache_dtype], include_mtp=False), num_chunks, limits,
-                                 CacheConfig()).kv_cache_bytes
-        cache = CacheConfig(kv_cache_bytes=kv, kv_cache_dtype=kv_cache_dtype)
-        cfg = EngineConfig(ModelConfig(path=str(model_dir)), limits, cache)
-        return build_engine(cfg, keep_logits=True, poison=poison, kernel_backend=backend, quant_sim=quant_sim,
-                            value_checks=True)
-    return make
-
-
 @pytest.fixture(scope="module")
 def shallow_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A :func:`write_shallow_checkpoint` (fp32, seed 0, as the built-in tiny model) written once per module."""
@@ -74,8 +52,9 @@ def shallow_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def make_shallow_engine(shallow_dir: Path) -> Callable[..., LLMEngine]:
-    """:func:`engine_builder` over :func:`shallow_dir`."""
-    return engine_builder(shallow_dir)
+    """Engines over :func:`shallow_dir`, built as the engine tests' ``make_engine`` builds them over the tiny
+    model (:func:`~support.small_engines.small_engine_builder`)."""
+    return small_engine_builder(shallow_dir, read_config(shallow_dir).kv_spec)
 
 
 @pytest.fixture(scope="module")
