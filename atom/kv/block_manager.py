@@ -440,8 +440,8 @@ class BlockManager:
 
     def _publish(self, seq: KvRequest, h: KvHoldings, full: int) -> None:
         """Publish blocks ``h.published_upto .. full-1`` at their prefix nodes. The request's chain
-        grows from its tip; where a block's hash is held by another prefix the chain breaks and the
-        rest of the request stays private."""
+        grows from its tip; where a block's hash is another prefix's (:meth:`PrefixIndex.extend`) the
+        chain breaks and the rest of the request stays private."""
         first, tip = h.published_upto, h.tip
         if first > 0 and tip < 0:
             return  # the chain broke earlier

@@ -1,17 +1,29 @@
 """The published prefixes, block by block: one verified chain that both pools' cached blocks hang on.
 
 A node stands for one full block of tokens *under one exact prefix*: it records its parent node and
-its own token key (the packed token ids), and is found by the chained block hash. A lookup walks from
-block 0 and accepts a node only if its parent is the node accepted for the block before and its key
-equals the query's, so a hash collision (even with a truncated hash) can never serve KV computed
-under another prefix.
+its own token key (the packed token ids), and is found from its parent by the chained block hash. A
+lookup walks from block 0 and accepts a node only if its parent is the node accepted for the block
+before and its key equals the query's, so a hash collision (even with a truncated hash) can never
+serve KV computed under another prefix.
 
 Layout: a node is an integer id (``NO_NODE``, -1, is none), and every field is a flat list indexed by
 it (``block_hash``, ``parent``, ``key``, ``depth``, ``refs``, ``comp``, ``swa``, ``host_comp``,
-``host_swa``, ``hits``), plus one dict from hash to id. Publishing a prefix therefore creates no Python
-object per block (only the bytes of its key, which the garbage collector does not track), and the
-collector walks a dozen lists, not a node per cached block. Ids of removed nodes are reused (a stack,
-lowest first); the lists grow by doubling, in place, so a pool may keep a reference to its column.
+``host_swa``, ``hits``). Publishing a prefix therefore creates no Python object per block (only the
+bytes of its key, which the garbage collector does not track), and the collector walks a dozen lists,
+not a node per cached block.
+
+Runs: a chunk of a prompt publishes its blocks as one run of new nodes, and a run drawn from ids never
+used before gets consecutive ids, each the parent of the next. A node whose id is its parent's + 1 is
+a *successor*: a lookup reaches it from its parent by position (``parent + 1``, checked by its parent
+field and hash). Every other node, a root (block 0) or the first node of a run, is a *head*, found by
+hash in one dict (``_heads``). So a run of ``k`` new blocks costs one dict entry, not ``k``: the dict
+holds one entry per run, and its inserts and probes, each a cache miss at a random slot of a large
+table, are paid once per run. Two children of one parent never share a hash (creating one first looks
+for the other), and two heads never share a hash (the dict holds one; a run whose head's hash another
+head holds stops there, its blocks stay private).
+
+Ids of removed nodes are reused (a stack, the most recently removed on top) before ids never used;
+the lists grow by doubling, in place, so a pool may keep a reference to its column.
 
 Each pool publishes at most one block per node (``comp[n]`` / ``swa[n]``: the block id, or -1); the
 host tier keeps at most one copy of each per node (``host_comp[n]`` / ``host_swa[n]``: the host page,
@@ -28,13 +40,14 @@ from typing import Iterable, Sequence
 __all__ = ["NO_NODE", "PrefixIndex"]
 
 NO_NODE = -1  # "no node": the parent of a block-0 node, an unpublished block, a request with no chain
+_HELD = -2  # (internal) the hash is another prefix's: no node may be created for it here
 
 
 class PrefixIndex:
-    """Hash -> node id, with exact parent and key checks on every lookup; node fields in flat lists."""
+    """Nodes of verified prefixes: heads by hash, successors by position; node fields in flat lists."""
 
     def __init__(self) -> None:
-        self._ids: dict[int, int] = {}
+        self._heads: dict[int, int] = {}  # hash -> head node (a root or the first node of a run)
         self.block_hash: list[int] = []
         self.parent: list[int] = []
         self.key: list[bytes] = []
@@ -45,18 +58,21 @@ class PrefixIndex:
         self.host_comp: list[int] = []  # the host page holding a copy of the compressed block, or -1
         self.host_swa: list[int] = []  # the host page holding a copy of the SWA block, or -1
         self.hits: list[int] = []  # prefix hits that claimed this node's blocks (write-through)
-        self._free: list[int] = []  # vacant ids, the lowest on top
+        self._free: list[int] = []  # removed ids, reused first (the most recently removed on top)
+        self._fresh = 0  # ids from here to the capacity were never used
+        self._live = 0
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return self._live
 
     @property
     def capacity(self) -> int:
         return len(self.refs)
 
     def live(self) -> list[int]:
-        """The ids of every indexed node."""
-        return list(self._ids.values())
+        """The ids of every indexed node (a pass over the ids; for checks, not the hot path)."""
+        free = set(self._free)
+        return [n for n in range(self._fresh) if n not in free]
 
     def describe(self, n: int) -> str:
         """One node's fields, for assertion messages."""
@@ -67,96 +83,113 @@ class PrefixIndex:
     # ---- lookups ------------------------------------------------------------------------------
     def chain(self, hashes: Sequence[int], keys: Sequence[bytes], limit: int) -> list[int]:
         """The verified nodes of blocks ``0 .. k-1`` (k <= ``limit``), stopping at the first miss."""
-        out: list[int] = []
-        ids, parent_of, key_of, parent = self._ids, self.parent, self.key, NO_NODE
-        for j in range(limit):
-            n = ids.get(hashes[j])
-            if n is None or parent_of[n] != parent or key_of[n] != keys[j]:
+        if limit <= 0:
+            return []
+        heads, parent_of, hash_of, key_of = self._heads, self.parent, self.block_hash, self.key
+        n = heads.get(hashes[0])
+        if n is None or parent_of[n] != NO_NODE or key_of[n] != keys[0]:
+            return []
+        out = [n]
+        for h, key in zip(hashes[1:limit], keys[1:limit]):
+            c = n + 1  # the successor, if the block continues its parent's run (an id past every used one exists)
+            if parent_of[c] != n or hash_of[c] != h:
+                c = heads.get(h)
+                if c is None or parent_of[c] != n:
+                    break
+            if key_of[c] != key:
                 break
-            out.append(n)
-            parent = n
+            out.append(c)
+            n = c
         return out
+
+    def _child(self, parent: int, h: int, key: bytes) -> int:
+        """The node of the block with hash ``h`` and key ``key`` under ``parent``; ``NO_NODE`` when
+        there is none and one may be created; ``_HELD`` when ``h`` is another prefix's (a head
+        elsewhere, or a child of ``parent`` with another key)."""
+        if parent >= 0:
+            n = parent + 1
+            if n < len(self.parent) and self.parent[n] == parent and self.block_hash[n] == h:
+                return n if self.key[n] == key else _HELD
+        n = self._heads.get(h)
+        if n is None:
+            return NO_NODE
+        return n if self.parent[n] == parent and self.key[n] == key else _HELD
 
     def holds(self, n: int) -> bool:
         """Whether node ``n`` is indexed (alive)."""
-        return 0 <= n < len(self.refs) and self.refs[n] > 0 and self._ids.get(self.block_hash[n]) == n
+        if not (0 <= n < len(self.refs) and self.refs[n] > 0):
+            return False
+        p = self.parent[n]
+        return (p >= 0 and n == p + 1) or self._heads.get(self.block_hash[n]) == n
 
     # ---- growth -------------------------------------------------------------------------------
     def extend(self, tip: int, first: int, hashes: Sequence[int], keys: Sequence[bytes], end: int) -> list[int]:
         """The nodes of blocks ``first .. end-1`` continuing the chain at ``tip`` (block ``first-1``'s
-        node, ``NO_NODE`` for block 0), created where absent. Stops early where a hash is taken by
-        another prefix (those blocks stay private). Each new node takes a reference on its parent; the
-        caller references what it publishes and moves its own tip."""
+        node, ``NO_NODE`` for block 0), created where absent. Stops early where a hash is another
+        prefix's (those blocks stay private). Each new node takes a reference on its parent; the
+        caller references what it publishes and moves its own tip.
+
+        The usual case, block ``first`` not indexed under ``tip``, creates the whole run at once: the
+        hashes are chained, so no later block of it can be indexed either (but through a hash
+        collision, which the run's head check and every lookup's parent and key checks catch)."""
         if end <= first:
             return []
-        run = hashes[first:end]
-        if self._ids.keys().isdisjoint(run):  # the usual case: all new, one run (unless a hash repeats in it)
-            nodes = self._create_run(tip, first, run, keys[first:end])
-            if nodes:
-                return nodes
-        return self._extend_each(tip, first, hashes, keys, end)
-
-    def _extend_each(self, tip: int, first: int, hashes: Sequence[int], keys: Sequence[bytes], end: int) -> list[int]:
-        """:meth:`extend` block by block (some hashes are indexed already, or repeat in the run)."""
-        ids = self._ids
         out: list[int] = []
-        parent_of, key_of, parent = self.parent, self.key, tip
+        parent = tip
         for j in range(first, end):
-            n = ids.get(hashes[j])
-            if n is None:
-                n = self._create_run(parent, j, (hashes[j],), (keys[j],))[0]
-            elif parent_of[n] != parent or key_of[n] != keys[j]:
+            n = self._child(parent, hashes[j], keys[j])
+            if n == NO_NODE:
+                return out + self._create_run(parent, j, hashes[j:end], keys[j:end])
+            if n == _HELD:
                 break
             out.append(n)
             parent = n
         return out
 
     def _create_run(self, tip: int, first: int, hashes: Sequence[int], keys: Sequence[bytes]) -> list[int]:
-        """New nodes for blocks ``first ..`` (absent hashes), each the child of the one before, the
-        first of ``tip``. Each holds a reference from its child (the last none yet). Returns ``[]``,
-        changing nothing, when a hash repeats within ``hashes`` (found by the dict's size after the
-        insert, so the usual run builds no set to check)."""
-        k = len(hashes)
-        free = self._free
-        if len(free) < k:
-            self._grow(k - len(free))
-        new = free[-k:]
-        new.reverse()  # lowest id first
-        ids = self._ids
-        size = len(ids)
-        ids.update(zip(hashes, new))
-        if len(ids) != size + k:  # a repeated hash (the caller checked that none was indexed): undo
-            for h in hashes:
-                ids.pop(h, None)
-            return []
-        del free[-k:]
+        """New nodes for blocks ``first ..``, each the child of the one before, the first of ``tip``
+        (the caller found no node for the first under ``tip``). Each holds a reference from its child
+        (the last none yet). Reused ids are taken one by one, then ids never used as one consecutive
+        run (its nodes after the first are successors: slice stores and no dict entry). Stops where a
+        head's hash is another head's (returns the nodes made before it)."""
+        out: list[int] = []
+        parent, depth, i, k = tip, first, 0, len(hashes)
+        free, heads = self._free, self._heads
         h_of, p_of, k_of, d_of, refs = self.block_hash, self.parent, self.key, self.depth, self.refs
-        a = new[0]
-        b = a + k
-        if new[-1] == b - 1 and new == list(range(a, b)):  # consecutive ids (fresh, or a chain removed whole)
-            h_of[a:b] = hashes
-            k_of[a:b] = keys
-            p_of[a] = tip
-            p_of[a + 1:b] = range(a, b - 1)
-            d_of[a:b] = range(first, first + k)
-            refs[a:b] = [1] * k
+        while free and i < k:  # reused ids
+            n, h = free[-1], hashes[i]
+            if (parent < 0 or n != parent + 1) and heads.setdefault(h, n) != n:
+                break  # a head elsewhere holds the hash
+            free.pop()
+            h_of[n], p_of[n], k_of[n], d_of[n], refs[n] = h, parent, keys[i], depth, 1
+            out.append(n)
+            parent, depth, i = n, depth + 1, i + 1
         else:
-            parent, depth = tip, first
-            for n, h, key in zip(new, hashes, keys):  # (plain stores: the interpreter specializes them)
-                h_of[n] = h
-                p_of[n] = parent
-                k_of[n] = key
-                d_of[n] = depth
-                refs[n] = 1
-                parent = n
-                depth += 1
-        refs[new[-1]] = 0
-        if tip >= 0:
-            refs[tip] += 1
-        return new
+            if i < k:  # ids never used, one consecutive run
+                a, m = self._fresh, k - i
+                if (parent < 0 or a != parent + 1) and heads.setdefault(hashes[i], a) != a:
+                    m = 0
+                if m:
+                    if a + m >= len(refs):  # (one id past the used ones stays: a lookup reads it)
+                        self._grow(a + m + 1 - len(refs))
+                    b = a + m
+                    h_of[a:b] = hashes[i:] if i else hashes
+                    k_of[a:b] = keys[i:] if i else keys
+                    p_of[a] = parent
+                    p_of[a + 1:b] = range(a, b - 1)
+                    d_of[a:b] = range(depth, depth + m)
+                    refs[a:b] = [1] * m
+                    self._fresh = b
+                    out += range(a, b)
+        if out:
+            refs[out[-1]] = 0
+            if tip >= 0:
+                refs[tip] += 1
+            self._live += len(out)
+        return out
 
     def _grow(self, at_least: int) -> None:
-        """Add vacant ids (at least ``at_least``, at least doubling), each list extended in place."""
+        """Add never-used ids (at least ``at_least``, at least doubling), each list extended in place."""
         cap = len(self.refs)
         add = max(at_least, cap, 64)
         minus = [-1] * add
@@ -166,7 +199,6 @@ class PrefixIndex:
         for col in (self.parent, self.comp, self.swa, self.host_comp, self.host_swa):
             col += minus
         self.key += [b""] * add
-        self._free[:0] = range(cap + add - 1, cap - 1, -1)  # below the reused ids: those go first
 
     # ---- references ---------------------------------------------------------------------------
     def ref(self, n: int) -> None:
@@ -182,30 +214,40 @@ class PrefixIndex:
             refs[n] = r
             if r:
                 return
-            del self._ids[self.block_hash[n]]
+            p = parent[n]
+            if p < 0 or n != p + 1:  # a head
+                del self._heads[self.block_hash[n]]
             self.key[n] = b""
             self.hits[n] = 0
             self._free.append(n)
-            p = parent[n]
+            self._live -= 1
             parent[n] = NO_NODE
             n = p
 
     # ---- integrity ----------------------------------------------------------------------------
     def check_integrity(self, tips: Iterable[int]) -> None:
         """refs == published blocks + host copies + children + holders' tips, for every node; parents
-        and depths consistent; every id either indexed or vacant (with vacant fields)."""
+        and depths consistent; the heads, and only they, indexed by hash; no two children of one
+        parent with one hash; every id indexed, reused-vacant or never used (with vacant fields)."""
         live = self.live()
+        assert len(live) == self._live, f"{len(live)} live nodes, {self._live} counted"
         expect = {n: (self.comp[n] >= 0) + (self.swa[n] >= 0) + (self.host_comp[n] >= 0) + (self.host_swa[n] >= 0)
                   for n in live}
-        for h, n in self._ids.items():
-            assert self.block_hash[n] == h, f"{self.describe(n)} indexed under hash {h:#x}"
-            p = self.parent[n]
+        children: set[tuple[int, int]] = set()
+        for n in live:
+            p, h = self.parent[n], self.block_hash[n]
+            assert (p, h) not in children, f"{self.describe(n)}: a second child of {p} with its hash"
+            children.add((p, h))
             if p >= 0:
                 assert p in expect, f"{self.describe(n)}: parent not indexed"
                 assert self.depth[n] == self.depth[p] + 1, f"{self.describe(n)}: depth is not its parent's + 1"
                 expect[p] += 1
             else:
                 assert self.depth[n] == 0, f"{self.describe(n)}: a root node not at block 0"
+            head = p < 0 or n != p + 1
+            assert (self._heads.get(h) == n) == head, f"{self.describe(n)}: head {head} but the dict disagrees"
+        for h, n in self._heads.items():
+            assert n in expect and self.block_hash[n] == h, f"hash {h:#x} indexes a dropped or other node {n}"
         for tip in tips:
             assert tip in expect, f"tip {tip} not indexed"
             expect[tip] += 1
@@ -213,7 +255,8 @@ class PrefixIndex:
             assert self.refs[n] == expect[n] and self.refs[n] > 0, f"{self.describe(n)}: expected refs {expect[n]}"
         free = set(self._free)
         assert len(free) == len(self._free), "a vacant node id listed twice"
-        assert free.isdisjoint(expect) and len(free) + len(expect) == self.capacity, "node ids not conserved"
-        for n in free:
+        assert all(n < self._fresh for n in free), "a reused id beyond the used ones"
+        assert self._fresh < self.capacity or self._fresh == 0, "no id past the used ones (a lookup reads it)"
+        for n in [*free, *range(self._fresh, self.capacity)]:
             assert (self.refs[n], self.comp[n], self.swa[n], self.host_comp[n], self.host_swa[n], self.hits[n],
                     self.parent[n], self.key[n]) == (0, -1, -1, -1, -1, 0, -1, b""), f"dirty vacant {self.describe(n)}"

@@ -153,16 +153,20 @@ def test_a_host_copy_under_another_prefix_is_never_served(monkeypatch):
     monkeypatch.setattr(sequence_module, "chain_hashes", truncated_hashes)
     h = host_harness(12, 40)
     x_other, x, rest = [7] * 16, [8] * 16, [(3 * i) % 997 for i in range(64)]
-    run_alone(h, x_other + rest + [1], max_tokens=1)  # publishes X', Y, Z, ...
+    other = run_alone(h, x_other + rest + [1], max_tokens=1)  # publishes X', Y, Z, ...
     h.bm.drop_cache()  # ... which the arena evicts to the host tier
-    run_alone(h, x + rest + [2], max_tokens=1)  # publishes X; Y, Z stay private (their hashes are taken)
+    # publishes X and its own Y, Z, ...: their hashes equal those under X', but each node is its parent's
+    run_alone(h, x + rest + [2], max_tokens=1)
     h.bm.drop_cache()
     d = h.add(x + rest + [3], max_tokens=1)
-    match = h.bm.match_prefix(d)
-    assert h.bm.index.host_comp[h.bm.index.chain(d.hashes_upto(5), d.block_keys, 5)[0]] >= 0  # X is on the host
-    assert match.compressed == 1  # block Y's hash and key match, but its copy hangs under X', not X
+    index = h.bm.index
+    mine, theirs = (index.chain(s.hashes_upto(5), s.block_keys, 5) for s in (d, other))
+    assert len(mine) == len(theirs) == 5 and set(mine).isdisjoint(theirs)
+    assert [index.block_hash[n] for n in mine] == d.hashes_upto(5)
+    assert d.hashes_upto(5)[1:] == other.hashes_upto(5)[1:]  # every block after the first collides
+    assert all(index.host_comp[n] >= 0 for n in mine) and h.bm.match_prefix(d).from_host == 5
     h.run()  # the content model fails any read of a row computed under X'
-    assert d.stats.reused == 0 and d.status is SequenceStatus.FINISHED_LENGTH  # (X alone has no window)
+    assert d.stats.reused_from_host == 80 and d.status is SequenceStatus.FINISHED_LENGTH
     h.assert_all_memory_returned()
 
 

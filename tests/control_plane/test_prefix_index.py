@@ -35,23 +35,81 @@ def test_releasing_the_tip_removes_the_chain_and_its_ids_are_reused_with_clean_f
     index.check_integrity([again[-1]])
 
 
-def test_a_run_stops_where_another_prefix_holds_the_hash():
+def test_a_fresh_run_costs_one_dict_entry_and_its_successors_are_found_by_position():
+    index = PrefixIndex()
+    nodes = index.extend(NO_NODE, 0, [11, 12, 13, 14], keys(11, 12, 13, 14), 4)
+    more = index.extend(nodes[-1], 4, [0] * 4 + [15, 16], keys(0, 0, 0, 0, 15, 16), 6)  # the next chunk
+    assert more == [4, 5] and len(index._heads) == 1  # block 4's id follows block 3's: no new head
+    index.ref(more[-1])
+    index.check_integrity([more[-1]])
+    assert index.chain([11, 12, 13, 14, 15, 16], keys(11, 12, 13, 14, 15, 16), 6) == nodes + more
+
+
+def test_a_run_under_another_parent_may_reuse_a_hash_and_each_lookup_serves_its_own_prefix():
     index = PrefixIndex()
     first = index.extend(NO_NODE, 0, [1, 2], keys(1, 2), 2)
     index.ref(first[-1])
     other = index.extend(NO_NODE, 0, [9, 2, 5], keys(9, 2, 5), 3)  # hash 2 is block 1 under another parent
-    assert len(other) == 1 and index.block_hash[other[0]] == 9
+    assert len(other) == 3 and [index.parent[n] for n in other] == [NO_NODE, other[0], other[1]]
     index.ref(other[-1])
     index.check_integrity([first[-1], other[-1]])
-    assert index.chain([9, 2], keys(9, 2), 2) == other  # the collision is never served
+    assert index.chain([9, 2, 5], keys(9, 2, 5), 3) == other and index.chain([1, 2], keys(1, 2), 2) == first
+    assert index.chain([1, 2, 5], keys(1, 2, 5), 3) == first  # block 2 exists only under the other prefix
 
 
-def test_a_run_repeating_a_hash_within_itself_stops_at_the_repeat():
+def test_a_run_stops_where_its_head_hash_is_another_prefixs():
+    index = PrefixIndex()
+    first = index.extend(NO_NODE, 0, [1, 2], keys(1, 2), 2)
+    index.ref(first[-1])
+    assert index.extend(NO_NODE, 0, [1, 3], [b"other", keys(3)[0]], 2) == []  # root hash 1 with another key
+    single = index.extend(NO_NODE, 0, [7], keys(7), 1)
+    index.ref(single[-1])
+    # block 1 under root 7 has hash 1, the first prefix's root's (a head): the run stops, even though
+    # its node would have been a successor (id 3 after root 7's 2) needing no dict entry
+    assert index.extend(single[-1], 1, [7, 1], keys(7, 1), 2) == [] and len(index) == 3
+    index.check_integrity([first[-1], single[-1]])
+
+
+def test_a_run_stops_at_a_later_head_whose_hash_another_head_holds():
+    index = PrefixIndex()
+    roots = [index.extend(NO_NODE, 0, [h], keys(h), 1) for h in (1, 2, 3)]  # ids 0, 1, 2
+    for r in roots:
+        index.ref(r[-1])
+    index.unref(roots[0][-1])
+    index.unref(roots[2][-1])  # reused next: 2, then 0
+    # reused 2 becomes root 8; reused 0 (not 2 + 1) would be a head with hash 2, root 1's: stop there
+    assert index.extend(NO_NODE, 0, [8, 2, 9], keys(8, 2, 9), 3) == [2]
+    index.ref(2)
+    # the reused 0 becomes root 5; the first never-used id, 3, is not 0 + 1: a head with hash 2 again
+    assert index.extend(NO_NODE, 0, [5, 2], keys(5, 2), 2) == [0]
+    index.ref(0)
+    index.check_integrity([0, 1, 2])
+    assert len(index) == 3 and index.chain([8, 2], keys(8, 2), 2) == [2]
+
+
+def test_a_run_repeating_a_hash_within_itself_is_kept_whole():
     index = PrefixIndex()
     nodes = index.extend(NO_NODE, 0, [5, 6, 5], keys(5, 6, 5), 3)
-    assert len(nodes) == 2 and len(index) == 2
+    assert len(nodes) == 3 and len(index) == 3
     index.ref(nodes[-1])
     index.check_integrity([nodes[-1]])
+    assert index.chain([5, 6, 5], keys(5, 6, 5), 3) == nodes
+
+
+def test_reused_ids_become_heads_unless_they_follow_their_parent():
+    index = PrefixIndex()
+    a = index.extend(NO_NODE, 0, [1, 2, 3], keys(1, 2, 3), 3)
+    index.ref(a[-1])
+    b = index.extend(NO_NODE, 0, [4, 5], keys(4, 5), 2)  # ids 3, 4
+    index.ref(b[-1])
+    index.unref(a[-1])  # ids 2, 1, 0 go back (0 on top)
+    c = index.extend(b[-1], 2, [0, 0, 6, 7, 8, 9], keys(0, 0, 6, 7, 8, 9), 6)  # reused 0, 1, 2, then new 5
+    assert c == [0, 1, 2, 5]
+    assert [index.parent[n] for n in c] == [4, 0, 1, 2]
+    assert index.holds(0) and index.holds(1) and len(index._heads) == 3  # 4's root, 0 (not 4 + 1), 5 (not 2 + 1)
+    index.ref(c[-1])
+    index.check_integrity([b[-1], c[-1]])
+    assert index.chain([4, 5, 6, 7, 8, 9], keys(4, 5, 6, 7, 8, 9), 6) == b + c
 
 
 def test_a_lookup_rejects_a_node_whose_key_differs():

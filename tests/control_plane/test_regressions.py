@@ -144,11 +144,14 @@ def test_a_hash_collision_under_another_prefix_is_never_served(harness, monkeypa
     a = h.add(x_other + rest + [1], max_tokens=1)  # publishes X', Y, Z
     h.run()
     h.bm.comp.pool.evict(h.bm.published_block(COMPRESS, a, 0))  # X' goes; Y and Z stay cached under it
-    h.add(x + rest + [2], max_tokens=1)  # computes X, Y, Z under X (Y and Z stay private: hashes taken)
+    h.add(x + rest + [2], max_tokens=1)  # computes X, Y, Z under X and publishes them at nodes of its own
     h.run()
     d = h.add(x + rest + [3], max_tokens=1)
-    # block Y's hash, key and tokens match, but its parent is X', not X: only X is reused
-    assert h.bm.match_prefix(d).compressed == 1
+    index = h.bm.index
+    mine, theirs = (index.chain(s.hashes_upto(3), s.block_keys, 3) for s in (d, a))
+    # blocks Y and Z hash, key and tokens alike under X' and X, but each prefix has its own nodes
+    assert d.hashes_upto(3)[1:] == a.hashes_upto(3)[1:] and len(theirs) == 3
+    assert len(mine) == 3 and set(mine).isdisjoint(theirs) and h.bm.match_prefix(d).compressed == 3
     h.run()  # the content model fails any read of a row computed under X'
-    assert d.status is SequenceStatus.FINISHED_LENGTH and d.stats.reused == 0
+    assert d.status is SequenceStatus.FINISHED_LENGTH and d.stats.reused == 48  # X, Y, Z: all computed under X
     h.assert_all_memory_returned()
