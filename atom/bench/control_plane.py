@@ -2,13 +2,16 @@
 
     python -m atom.bench.control_plane [--seqs 1 64 256] [--contexts 4096 32768 131072] [--steps 64]
                                        [--block-sizes 128 256] [--decode-steps 32] [--reps 5]
-                                       [--peer vllm]
+                                       [--ops-reps 15] [--peer vllm]
 
 First a per-operation table (admit, 8K prefill chunk, decode, free, and with the whole arena cached
 the eviction room check and a chunk reclaim; microseconds per call) for the workloads of
 :mod:`atom.bench.control_plane_ops` at each block size, then the decode-step table.
-Every configuration runs ``--reps`` times (default 5), round-robin: the first run of every configuration
-of a table, then the second, and so on, so that a burst of load from other processes lands in one
+Every configuration of the decode-step table runs ``--reps`` times (default 5), and of the
+per-operation table ``--ops-reps`` times (default 15: a round of it takes seconds, and its smallest
+figures, the frees of a 4K request in a few microseconds, need more runs for their lowest to hold
+from one invocation to the next; see ``docs/benchmarks.md``), round-robin: the first run of every
+configuration of a table, then the second, and so on, so that a burst of load from other processes lands in one
 run of several configurations instead of every run of one; each round (every configuration of a
 table once) runs in a fresh process (:func:`_fresh_rounds`). Garbage is collected before each run and
 the collector is frozen and off while it is timed (see :func:`atom.bench.control_plane_ops.frozen_gc`).
@@ -18,8 +21,8 @@ k-th sample of every run measures the same work. A table figure is, per call, th
 runs' samples, then the median over the calls
 (:func:`atom.bench.control_plane_summary.lowest_per_call`). Other processes only ever
 add time to a sample (they take the CPU, its caches and execution units), so the lowest of a call's
-samples is the nearest to the code's own cost, and a call needs only one undisturbed run of the
-``--reps``; the median over calls keeps the figure the cost of a typical call (the first admission
+samples is the nearest to the code's own cost, and a call needs only one undisturbed run of its
+runs; the median over calls keeps the figure the cost of a typical call (the first admission
 of a shared prefix, which computes it, does not set the shared-prefix figure). Each row's ``spread``
 is the largest (max - min) / min over the runs of the run's own median call: what the runs
 disagreed by before the lowest was taken.
@@ -233,11 +236,13 @@ def main(argv: Seq[str] | None = None) -> int:
     ap.add_argument("--decode-steps", type=int, default=32, help="decode steps per request in the ops table")
     ap.add_argument("--peer", choices=["vllm"], help="replay the same traces on vLLM's KVCacheManager too")
     ap.add_argument("--reps", type=int, default=5,
-                    help="runs of each configuration (with --peer: of each manager per trace); the tables give "
-                         "per call the lowest run, then the median call (atom alone), or the median run (--peer)")
+                    help="runs of each decode-step configuration (with --peer: of each manager per trace); the "
+                         "tables give per call the lowest run, then the median call")
+    ap.add_argument("--ops-reps", type=int, default=15,
+                    help="runs of each configuration of the per-operation table (each in a fresh process)")
     args = ap.parse_args(argv)
-    if args.reps < 1:
-        ap.error("--reps must be positive")
+    if args.reps < 1 or args.ops_reps < 1:
+        ap.error("--reps and --ops-reps must be positive")
     if min(args.seqs) < 1 or min(args.contexts) < 1 or args.steps < 1 or args.decode_steps < 1:
         ap.error("--seqs, --contexts, --steps and --decode-steps must be positive")
     if 128 not in args.block_sizes or any(b % 128 for b in args.block_sizes):
@@ -247,7 +252,7 @@ def main(argv: Seq[str] | None = None) -> int:
         op, step, hits = side_by_side(args.block_sizes, args.decode_steps, args.reps)
         print(f"peer_ratio_max_op={op:.3f} peer_ratio_step_max={step:.3f} hits_vs_peer_min={hits:.3f}")
         return 0
-    ops_line = ops_table(args.block_sizes, args.decode_steps, args.reps)
+    ops_line = ops_table(args.block_sizes, args.decode_steps, args.ops_reps)
     results = step_table(args.seqs, args.contexts, args.steps, args.reps)
     n = max(args.seqs)
     lo, hi = min(args.contexts), max(args.contexts)
