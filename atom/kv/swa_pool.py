@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from itertools import chain
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from atom.config import CacheConfig
 from atom.kv.block_pool import BlockPool
@@ -222,12 +222,12 @@ class SlidingWindowPool:
         if hi <= lo:
             return
         keep, run = self._kept_indices(h, lo, hi), h.swa.blocks[lo:hi]
-        lead = 0  # leading SCRATCH entries: only their pages go back
-        if SCRATCH in run:  # pages lent for the step without ids (_back_with_scratch)
-            pages, lead = _scratch_pages(run, h.swa.pages, lo)
+        held: Iterable[tuple[int, int]] = enumerate(run, lo)  # (index, block) of the entries to release
+        if SCRATCH in run:  # pages lent for the step without ids (_back_with_scratch): only the pages go back
+            pages, held = _scratch_pages(run, h.swa.pages, lo)
             self.pool.arena.give_back_unmapped(SWA, pages)
         kept, dropped = [], []
-        for j, bid in enumerate(run[lead:] if lead else run, lo + lead):  # ascending: what is kept, what is freed
+        for j, bid in held:  # ascending: what is kept, what is freed
             if bid >= 0:
                 if j in keep:
                     kept.append(bid)
@@ -321,11 +321,14 @@ class SlidingWindowPool:
         return n
 
 
-def _scratch_pages(run: list[int], pages: list[int], lo: int) -> tuple[list[int], int]:
-    """(the pages of the ``SCRATCH`` entries of ``run``, how many of them lead it) (table entries
-    ``lo ..``; ``pages`` is the whole page table). Usually they all lead the run (a chunk's blocks that
-    left the window, the kept ones after them): then one slice, else one pass."""
+def _scratch_pages(run: list[int], pages: list[int], lo: int) -> tuple[list[int], Iterable[tuple[int, int]]]:
+    """(the pages of the ``SCRATCH`` entries of ``run``, (index, entry) of its other entries) for table
+    entries ``lo ..`` (``pages`` is the whole page table). Usually the scratch entries are one stretch
+    (a chunk's blocks that left the window, after the previous window's blocks and before the kept
+    ones): then one slice of pages and the few other entries, else one pass over the run."""
     k = run.count(SCRATCH)
-    if run[:k] == [SCRATCH] * k:
-        return pages[lo:lo + k], k
-    return [page for bid, page in zip(run, pages[lo:lo + len(run)]) if bid == SCRATCH], 0
+    f = run.index(SCRATCH) if k else 0
+    if run[f:f + k] == [SCRATCH] * k:
+        return pages[lo + f:lo + f + k], chain(enumerate(run[:f], lo), enumerate(run[f + k:], lo + f + k))
+    return [page for bid, page in zip(run, pages[lo:lo + len(run)]) if bid == SCRATCH], \
+        [(j, bid) for j, bid in enumerate(run, lo) if bid != SCRATCH]

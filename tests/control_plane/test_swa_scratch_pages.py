@@ -127,6 +127,11 @@ def test_an_arena_that_maps_every_page_counts_pages_without_ids_as_used():
 
 def test_the_pages_given_back_are_those_of_the_scratch_entries_wherever_they_lie_in_the_run():
     pages = list(range(100, 110))
-    assert _scratch_pages([SCRATCH, SCRATCH, 7, 8], pages, 3) == ([103, 104], 2)  # leading: the release skips them
-    assert _scratch_pages([SCRATCH, 7, SCRATCH, -1], pages, 2) == ([102, 104], 0)
-    assert _scratch_pages([5, 6], pages, 0) == ([], 0)
+
+    def split(run: list[int], lo: int) -> tuple[list[int], list[tuple[int, int]]]:
+        scratch, rest = _scratch_pages(run, pages, lo)
+        return scratch, list(rest)
+    assert split([SCRATCH, SCRATCH, 7, 8], 3) == ([103, 104], [(5, 7), (6, 8)])  # one stretch, leading
+    assert split([4, 5, SCRATCH, SCRATCH, SCRATCH, 9], 1) == ([103, 104, 105], [(1, 4), (2, 5), (6, 9)])  # one stretch inside
+    assert split([SCRATCH, 7, SCRATCH, -1], 2) == ([102, 104], [(3, 7), (5, -1)])  # two stretches
+    assert split([5, 6], 0) == ([], [(0, 5), (1, 6)])
