@@ -1,6 +1,12 @@
 """The flat prefix index: node ids and their field columns, id reuse, runs created at once, and the
 exact parent + key rule of every lookup."""
 
+import zlib
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
 from atom.kv.prefix_index import NO_NODE, PrefixIndex
 
 
@@ -138,3 +144,64 @@ def test_the_columns_grow_in_place_so_a_pool_may_keep_a_reference():
     assert index.holds(nodes[0]) and not index.holds(index.capacity)
     index.unref(nodes[-1])
     assert not index.holds(nodes[0]) and len(index) == 0
+
+
+class IndexMachine(RuleBasedStateMachine):
+    """Random publications and releases under colliding hashes (2 bits, with or without the prefix):
+    every lookup returns exactly the indexed nodes whose chain of keys is the query's, longest first
+    match, and the integrity checks hold after every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.index = PrefixIndex()
+        self.tips: list[tuple[int, list[bytes]]] = []  # (tip node, its key path) held by a "request"
+
+    @initialize(forget_prefix=st.booleans())
+    def setup(self, forget_prefix):
+        self.forget_prefix = forget_prefix
+
+    def hashes(self, path: list[bytes]) -> list[int]:
+        out, h = [], 0
+        for key in path:
+            h = (zlib.crc32(key) if self.forget_prefix else zlib.crc32(key, h)) & 3
+            out.append(h)
+        return out
+
+    @rule(data=st.data(), new=st.lists(st.sampled_from([b"a", b"b", b"c"]), min_size=1, max_size=5))
+    def publish(self, data, new):
+        tip, path = data.draw(st.sampled_from([(NO_NODE, [])] + self.tips))
+        full = path + new
+        nodes = self.index.extend(tip, len(path), self.hashes(full), full, len(full))
+        if nodes:
+            self.index.ref(nodes[-1])
+            self.tips.append((nodes[-1], full[:len(path) + len(nodes)]))
+
+    @precondition(lambda self: self.tips)
+    @rule(data=st.data())
+    def release(self, data):
+        tip, _ = self.tips.pop(data.draw(st.integers(0, len(self.tips) - 1)))
+        self.index.unref(tip)
+
+    @rule(query=st.lists(st.sampled_from([b"a", b"b", b"c"]), max_size=7))
+    def lookups_follow_the_keys_exactly(self, query):
+        index = self.index
+        paths = {}
+        for n in index.live():
+            path, m = [], n
+            while m != NO_NODE:
+                path.append(index.key[m])
+                m = index.parent[m]
+            paths[tuple(reversed(path))] = n
+        expect = []
+        while tuple(query[:len(expect) + 1]) in paths and len(expect) < len(query):
+            expect.append(paths[tuple(query[:len(expect) + 1])])
+        assert index.chain(self.hashes(query), query, len(query)) == expect
+
+    @invariant()
+    def consistent(self):
+        self.index.check_integrity([tip for tip, _ in self.tips])
+        assert len(self.index) == len(self.index.live())
+
+
+TestIndexMachine = IndexMachine.TestCase
+TestIndexMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
