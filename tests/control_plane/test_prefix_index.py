@@ -204,4 +204,4 @@ class IndexMachine(RuleBasedStateMachine):
 
 
 TestIndexMachine = IndexMachine.TestCase
-TestIndexMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestIndexMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
