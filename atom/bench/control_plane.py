@@ -11,9 +11,9 @@ Every configuration of the decode-step table runs ``--reps`` times (default 5), 
 per-operation table ``--ops-reps`` times (default 15: a round of it takes seconds, and its smallest
 figures, the frees of a 4K request in a few microseconds, need more runs for their lowest to hold
 from one invocation to the next; see ``docs/benchmarks.md``), round-robin: the first run of every
-configuration of a table, then the second, and so on, so that a burst of load from other processes lands in one
-run of several configurations instead of every run of one; each round (every configuration of a
-table once) runs in a fresh process (:func:`_fresh_rounds`). Garbage is collected before each run and
+configuration of a table, then the second, and so on, so that a burst of load from other processes
+lands in one run of several configurations instead of every run of one; each round (every
+configuration of a table once) runs in a fresh process (:func:`_fresh_rounds`). Garbage is collected before each run and
 the collector is frozen and off while it is timed (see :func:`atom.bench.control_plane_ops.frozen_gc`).
 
 A run is a fixed sequence of calls (or steps), the same in every run, each timed on its own: the

@@ -43,6 +43,12 @@ NO_NODE = -1  # "no node": the parent of a block-0 node, an unpublished block, a
 _HELD = -2  # (internal) the hash is another prefix's: no node may be created for it here
 
 
+def _is_successor(n: int, parent: int) -> bool:
+    """Whether node ``n`` under ``parent`` is found by position (its id follows its parent's), not in
+    the hash dict as a head."""
+    return parent >= 0 and n == parent + 1
+
+
 class PrefixIndex:
     """Nodes of verified prefixes: heads by hash, successors by position; node fields in flat lists."""
 
@@ -60,10 +66,9 @@ class PrefixIndex:
         self.hits: list[int] = []  # prefix hits that claimed this node's blocks (write-through)
         self._free: list[int] = []  # removed ids, reused first (the most recently removed on top)
         self._fresh = 0  # ids from here to the capacity were never used
-        self._live = 0
 
     def __len__(self) -> int:
-        return self._live
+        return self._fresh - len(self._free)  # every id below _fresh is live or reused-vacant
 
     @property
     def capacity(self) -> int:
@@ -119,8 +124,7 @@ class PrefixIndex:
         """Whether node ``n`` is indexed (alive)."""
         if not (0 <= n < len(self.refs) and self.refs[n] > 0):
             return False
-        p = self.parent[n]
-        return (p >= 0 and n == p + 1) or self._heads.get(self.block_hash[n]) == n
+        return _is_successor(n, self.parent[n]) or self._heads.get(self.block_hash[n]) == n
 
     # ---- growth -------------------------------------------------------------------------------
     def extend(self, tip: int, first: int, hashes: Sequence[int], keys: Sequence[bytes], end: int) -> list[int]:
@@ -158,7 +162,7 @@ class PrefixIndex:
         h_of, p_of, k_of, d_of, refs = self.block_hash, self.parent, self.key, self.depth, self.refs
         while free and i < k:  # reused ids
             n, h = free[-1], hashes[i]
-            if (parent < 0 or n != parent + 1) and heads.setdefault(h, n) != n:
+            if not _is_successor(n, parent) and heads.setdefault(h, n) != n:
                 break  # a head elsewhere holds the hash
             free.pop()
             h_of[n], p_of[n], k_of[n], d_of[n], refs[n] = h, parent, keys[i], depth, 1
@@ -167,7 +171,7 @@ class PrefixIndex:
         else:
             if i < k:  # ids never used, one consecutive run
                 a, m = self._fresh, k - i
-                if (parent < 0 or a != parent + 1) and heads.setdefault(hashes[i], a) != a:
+                if not _is_successor(a, parent) and heads.setdefault(hashes[i], a) != a:
                     m = 0
                 if m:
                     if a + m >= len(refs):  # (one id past the used ones stays: a lookup reads it)
@@ -185,7 +189,6 @@ class PrefixIndex:
             refs[out[-1]] = 0
             if tip >= 0:
                 refs[tip] += 1
-            self._live += len(out)
         return out
 
     def _grow(self, at_least: int) -> None:
@@ -215,12 +218,11 @@ class PrefixIndex:
             if r:
                 return
             p = parent[n]
-            if p < 0 or n != p + 1:  # a head
+            if not _is_successor(n, p):  # a head
                 del self._heads[self.block_hash[n]]
             self.key[n] = b""
             self.hits[n] = 0
             self._free.append(n)
-            self._live -= 1
             parent[n] = NO_NODE
             n = p
 
@@ -230,7 +232,6 @@ class PrefixIndex:
         and depths consistent; the heads, and only they, indexed by hash; no two children of one
         parent with one hash; every id indexed, reused-vacant or never used (with vacant fields)."""
         live = self.live()
-        assert len(live) == self._live, f"{len(live)} live nodes, {self._live} counted"
         expect = {n: (self.comp[n] >= 0) + (self.swa[n] >= 0) + (self.host_comp[n] >= 0) + (self.host_swa[n] >= 0)
                   for n in live}
         children: set[tuple[int, int]] = set()
@@ -244,7 +245,7 @@ class PrefixIndex:
                 expect[p] += 1
             else:
                 assert self.depth[n] == 0, f"{self.describe(n)}: a root node not at block 0"
-            head = p < 0 or n != p + 1
+            head = not _is_successor(n, p)
             assert (self._heads.get(h) == n) == head, f"{self.describe(n)}: head {head} but the dict disagrees"
         for h, n in self._heads.items():
             assert n in expect and self.block_hash[n] == h, f"hash {h:#x} indexes a dropped or other node {n}"

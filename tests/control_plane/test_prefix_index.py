@@ -199,8 +199,18 @@ class IndexMachine(RuleBasedStateMachine):
 
     @invariant()
     def consistent(self):
-        self.index.check_integrity([tip for tip, _ in self.tips])
-        assert len(self.index) == len(self.index.live())
+        index = self.index
+        index.check_integrity([tip for tip, _ in self.tips])
+        reachable = set()  # no block is published here: a node lives exactly while a held tip is under it
+        for tip, path in self.tips:
+            n, depth = tip, len(path)
+            while n != NO_NODE:
+                depth -= 1
+                assert index.key[n] == path[depth] and index.depth[n] == depth
+                reachable.add(n)
+                n = index.parent[n]
+            assert depth == 0
+        assert set(index.live()) == reachable and len(index) == len(reachable)
 
 
 TestIndexMachine = IndexMachine.TestCase
