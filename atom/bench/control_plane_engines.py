@@ -8,8 +8,11 @@ computes the next block of its prompt (it then hits that block a step later inst
 it again).
 
 :class:`VllmReplay` drives vLLM's ``KVCacheManager`` as vLLM's scheduler does
-(``get_computed_blocks`` + ``allocate_slots`` at admission, ``allocate_slots`` per step, the block
-ids of a new request's tables and of each step's new blocks, ``free``). Layout mapping: V4-Flash's
+(``get_computed_blocks`` + ``allocate_slots`` at admission, then ``record_prefix_cache_stats``;
+``allocate_slots`` per step; the block ids of a new request's tables and of each step's new blocks;
+``free``; and once a step the manager's queues the scheduler drains: ``new_step_starts``, the
+boundary-state offloads, the block copies, the new block ids, the KV events and the prefix-cache
+stats), with statistics on (``log_stats``, as vLLM serves by default). Layout mapping: V4-Flash's
 compressed layers keep KV for the whole context, one block per ``block_size`` tokens: they map to a
 ``FullAttentionSpec`` group; its sliding-window layers map to a ``SlidingWindowSpec`` group with
 the same window (128 tokens); both groups share one pool of blocks of the same size, as vLLM's hybrid
@@ -115,12 +118,14 @@ class VllmReplay:
         config = KVCacheConfig(num_blocks=trace.num_seqs * per_req + 16, kv_cache_tensors=[], kv_cache_groups=groups)
         self.kv = KVCacheManager(config, max_model_len=max_len, scheduler_block_size=block_size,
                                  hash_block_size=block_size, max_in_flight_tokens=CHUNK + trace.num_seqs,
-                                 enable_caching=True)
+                                 enable_caching=True, log_stats=True)
+        self.stats_hits = 0  # hit tokens of the prefix-cache stats drained once a step (a metrics logger's sum)
         hasher = get_request_block_hasher(block_size, sha256)
         params = VllmParams(max_tokens=decode_steps + 1)
         self.reqs = [Request(str(i), prompt_tokens(trace, i), params, None, block_hasher=hasher)
                      for i in range(trace.num_seqs)]
         self._running = RequestStatus.RUNNING
+        self.kv.new_step_starts()  # (the scheduler calls it as each step starts; end_step, for the next)
 
     def admit(self, i: int, max_new: int) -> tuple[int, int]:
         r = self.reqs[i]
@@ -128,6 +133,7 @@ class VllmReplay:
         n = min(max_new, r.num_prompt_tokens - hit)
         new = self.kv.allocate_slots(r, n, hit, blocks)
         assert new is not None, "the pool was sized to hold every request"
+        self.kv.record_prefix_cache_stats(r, hit)
         r.status = self._running
         r.num_computed_tokens = hit
         self.kv.get_block_ids(r.request_id)  # a new request's tables, as the scheduler ships them
@@ -150,7 +156,13 @@ class VllmReplay:
             r.append_output_token_ids(r.num_tokens % 50000 + 1)
 
     def end_step(self) -> None:
-        pass
+        kv = self.kv
+        kv.take_boundary_state_offloads()
+        kv.take_kv_cache_block_copies()
+        kv.take_new_block_ids()
+        kv.take_events()
+        self.stats_hits += kv.make_prefix_cache_stats().hits
+        kv.new_step_starts()
 
     def free(self, i: int) -> None:
         self.kv.free(self.reqs[i])

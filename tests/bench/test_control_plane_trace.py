@@ -76,3 +76,16 @@ def test_a_deferred_admission_is_retried_first_in_the_next_step():
     replay(engine, [[("admit", 0, 4), ("admit", 1, 4)], [("chunk", 0, 4), ("admit", 2, 4)]])
     assert engine.calls == [("admit", 0), ("admit", 1), ("end", -1),
                             ("grow", 0), ("admit", 1), ("admit", 2), ("end", -1)]
+
+
+def test_vllm_replays_the_shared_prefix_trace_with_the_hits_its_own_statistics_count():
+    pytest.importorskip("vllm.v1.core.kv_cache_manager",
+                        reason="the optional peer vLLM is not installed (atom/bench/install_peer.sh)")
+    from atom.bench.control_plane_engines import VllmReplay
+
+    engine = VllmReplay(TOY, 128, 2)
+    rec = replay(engine, build_steps(TOY, decode_steps=2, chunk=400))
+    # vLLM registers the blocks request 0 computes when it allocates them: requests 1 and 2 hit the
+    # shared prefix's two blocks at once; the prefix-cache stats drained once a step count the same
+    assert rec.hit_tokens == 512
+    assert engine.stats_hits == 512
