@@ -27,8 +27,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-TRACE_NAMES = ("decode-heavy", "long-context", "shared-prefix")
-
 
 def _worker(tree: str, traces: list[str], block: int, decode_steps: int, reps: int) -> None:
     """Replay ``traces`` on the tree first on ``sys.path`` and print its figures as one JSON line."""
@@ -75,10 +73,14 @@ def _report(traces: list[str], rounds: dict[str, list[dict[str, dict[str, float]
 
 
 def main(argv: list[str] | None = None) -> None:
+    # (imported here, not at the top: a worker first puts its tree on the path, in ``__main__`` below)
+    from atom.bench.control_plane_trace import TRACES
+
+    names = [t.name for t in TRACES]
     ap = argparse.ArgumentParser(prog="python -m atom.bench.control_plane_ab", description=__doc__.split("\n")[0])
     ap.add_argument("--old", type=Path, help="the other checkout (its root)")
     ap.add_argument("--new", type=Path, default=Path(__file__).resolve().parents[2], help="default: this tree")
-    ap.add_argument("--traces", default=",".join(TRACE_NAMES), help=f"comma-separated, of {', '.join(TRACE_NAMES)}")
+    ap.add_argument("--traces", default=",".join(names), help=f"comma-separated, of {', '.join(names)}")
     ap.add_argument("--block", type=int, default=128, help="block size (a multiple of 128)")
     ap.add_argument("--decode-steps", type=int, default=16, help="decode steps per request")
     ap.add_argument("--reps", type=int, default=5, help="replays of each trace in one process")
@@ -87,8 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tree", help=argparse.SUPPRESS)  # the worker's tree (first on its sys.path)
     args = ap.parse_args(argv)
     traces = [t.strip() for t in args.traces.split(",") if t.strip()]
-    if not traces or any(t not in TRACE_NAMES for t in traces):
-        raise SystemExit(f"--traces {args.traces!r}: give one or more of {', '.join(TRACE_NAMES)}, comma-separated")
+    if not traces or any(t not in names for t in traces):
+        raise SystemExit(f"--traces {args.traces!r}: give one or more of {', '.join(names)}, comma-separated")
     if args.block < 128 or args.block % 128 or args.decode_steps < 1 or args.reps < 1 or args.rounds < 1:
         raise SystemExit("--block must be a positive multiple of 128; --decode-steps, --reps and --rounds >= 1")
     if args.worker:
