@@ -154,18 +154,19 @@ def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK, time
     CPU time (``time.process_time_ns``: a step can last milliseconds, long enough to lose the CPU
     under load, and other processes' time is then not counted), one reading at each end, into
     ``steps`` (per-operation readings would add their own cost to the step)."""
+    if not time_ops:
+        return _replay_steps(engine, steps)
     rec = RunRecord()
-    clock = time.perf_counter_ns if time_ops else time.process_time_ns
+    clock = time.perf_counter_ns
     cost = clock_cost_ns(clock=clock)
     deferred: list[Op] = []
     for trace_ops in steps:
         ops, deferred = _with_deferred(trace_ops, deferred), []
-        t_step = clock()
         ran: list[tuple[str, int, int, int]] = []  # (kind, request, tokens, ns so far)
         for op, i, n in ops:
             if op == "free":
                 continue
-            t0 = clock() if time_ops else 0
+            t0 = clock()
             if op == "admit":
                 got = engine.admit(i, n)
                 if got is None:
@@ -176,22 +177,56 @@ def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK, time
             else:
                 tokens = engine.grow(i, n, op == "chunk")
             if tokens:
-                ran.append((op, i, tokens, clock() - t0 - cost if time_ops else 0))
+                ran.append((op, i, tokens, clock() - t0 - cost))
         for op, i, tokens, dt in ran:
-            t0 = clock() if time_ops else 0
+            t0 = clock()
             engine.after(i, tokens)
             kind = _kind(op, tokens, chunk)
-            if time_ops and kind is not None:
+            if kind is not None:
                 rec.ops.setdefault(kind, []).append((dt + clock() - t0 - cost) / 1e3)
         engine.end_step()
         for op, i, _ in ops:
             if op == "free":
-                t0 = clock() if time_ops else 0
+                t0 = clock()
                 engine.free(i)
-                if time_ops:
-                    rec.ops.setdefault("free", []).append((clock() - t0 - cost) / 1e3)
-        if not time_ops:
-            rec.steps.append((clock() - t_step - cost) / 1e3)
+                rec.ops.setdefault("free", []).append((clock() - t0 - cost) / 1e3)
+    if deferred:
+        raise RuntimeError(f"admissions still deferred when the trace ended: {deferred}")
+    return rec
+
+
+def _replay_steps(engine: ReplayEngine, steps: list[list[Op]]) -> RunRecord:
+    """:func:`replay` timing whole steps: the same calls in the same order, with nothing in the step
+    but the engine's calls and the loop that makes them (what the step figure should measure)."""
+    rec = RunRecord()
+    clock = time.process_time_ns
+    cost = clock_cost_ns(clock=clock)
+    deferred: list[Op] = []
+    for trace_ops in steps:
+        ops, deferred = _with_deferred(trace_ops, deferred), []
+        t_step = clock()
+        ran: list[tuple[int, int]] = []  # (request, tokens run)
+        for op, i, n in ops:
+            if op == "free":
+                continue
+            if op == "admit":
+                got = engine.admit(i, n)
+                if got is None:
+                    deferred.append((op, i, n))
+                    continue
+                rec.hit_tokens += got[0]
+                tokens = got[1]
+            else:
+                tokens = engine.grow(i, n, op == "chunk")
+            if tokens:
+                ran.append((i, tokens))
+        for i, tokens in ran:
+            engine.after(i, tokens)
+        engine.end_step()
+        for op, i, _ in ops:
+            if op == "free":
+                engine.free(i)
+        rec.steps.append((clock() - t_step - cost) / 1e3)
     if deferred:
         raise RuntimeError(f"admissions still deferred when the trace ended: {deferred}")
     return rec

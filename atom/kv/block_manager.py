@@ -341,14 +341,12 @@ class BlockManager:
         room without touching a retention pin when that is possible (prefill chunks, sized by
         :meth:`admit` and :meth:`chunk_within_pins`), else as usual.
 
-        Fast path: a step inside one block that is already backed (most decode steps) allocates
+        Fast path: a step inside the block the latest growth backed (most decode steps) allocates
         nothing and runs no room check."""
         h, start, b = self.holdings[seq.seq_id], seq.num_computed_tokens, self.block_size
         end = start + num_new
         last = (end - 1) // b
-        swa = h.swa.blocks
-        if start // b == last and last < len(swa) and swa[last] >= 0 and \
-                (not self.has_compressed or last < len(h.comp.blocks)) and (h.state_slot >= 0 or not self.slots.has_state):
+        if last == h.backed_block and start // b == last:
             return
         comp_new = self.comp.pages_needed(h, end) if self.has_compressed else 0
         swa_new = self.swa.pages_needed(h, start, num_new)
@@ -369,6 +367,7 @@ class BlockManager:
             self.swa.ensure(h, start, num_new)
         if state_new:
             self.slots.take(h)
+        h.backed_block = (start + num_new - 1) // self.block_size
 
     def _make_room(self, swa: int, comp: int, state: int = 0, within_pins: bool = False,
                    protect: dict[str, list[int]] | None = None) -> None:
@@ -427,14 +426,22 @@ class BlockManager:
     def after_step(self, seq: KvRequest) -> None:
         """``seq.num_computed_tokens`` has advanced: publish full blocks, release the old window."""
         h, computed = self.holdings[seq.seq_id], seq.num_computed_tokens
-        full = computed // self.block_size
+        if computed < h.quiet_until:  # (most decode steps: no block filled, none left the window)
+            return
+        b = self.block_size
+        full = computed // b
         if full > h.published_upto:
             if self.prefix_caching:
                 self._publish(seq, h, full)
                 self._set_frontier(seq, h.published_upto, full)
             h.published_upto = full
-        if (h.swa_released_upto + 1) * self.block_size + self.swa.window - 1 <= computed:
+        release_at = (h.swa_released_upto + 1) * b + self.swa.window - 1
+        if release_at <= computed:
             self.swa.release_out_of_window(h, computed)
+            release_at = (h.swa_released_upto + 1) * b + self.swa.window - 1
+        # the next call with work: a block filled past the published ones, or one more leaving the
+        # window (both fields change only here, and at admission, which makes fresh holdings)
+        h.quiet_until = min((h.published_upto + 1) * b, release_at)
         h.state_fresh = False
         h.restore_page = -1
 

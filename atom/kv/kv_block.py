@@ -1,7 +1,8 @@
 """The chained block hash and the exact key of a block's tokens.
 
 A block covers ``block_size`` consecutive token positions of a sequence. Its key is the block's
-token ids as packed int64 bytes; its hash is xxhash64 of that key seeded with the previous block's
+token ids as packed int32 bytes (every vocabulary's ids fit; half the bytes of int64, which the prefix
+index keeps per cached block and a hit compares); its hash is xxhash64 of that key seeded with the previous block's
 hash, so equal hashes mean equal prefixes with overwhelming probability. The hash only *finds* a
 candidate: a hit is verified exactly (the candidate's parent is the block accepted just before and
 its key equals the query's, see :mod:`atom.kv.prefix_index`), so a hash collision can
@@ -29,8 +30,12 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, num_blocks: int,
     start = len(hashes)
     if start >= num_blocks:
         return
-    step = block_size * 8
-    packed = array("q", token_ids[start * block_size:num_blocks * block_size]).tobytes()
+    step = block_size * 4
+    try:
+        packed = array("i", token_ids[start * block_size:num_blocks * block_size]).tobytes()
+    except OverflowError:
+        raise ValueError(f"a token id outside the 32-bit range in blocks {start}..{num_blocks - 1}; token ids "
+                         f"are vocabulary indices (0 <= id < 2**31)") from None
     digest = xxhash.xxh64_intdigest
     prev = hashes[-1] if hashes else ROOT_SEED
     for off in range(0, len(packed), step):

@@ -11,16 +11,18 @@ loop. The host tier's copy orders (:class:`HostCopy`) travel the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from atom.kv.page_map import Owner
 
 __all__ = ["TableUpdate", "NewTables", "HostCopy"]
 
 
-@dataclass(frozen=True, slots=True)
-class TableUpdate:
+class TableUpdate(NamedTuple):
     """Entries ``index .. index+len(pages)-1`` of request ``seq_id``'s ``owner`` table
-    (``Owner.SWA`` / ``Owner.COMPRESS``) are now ``pages`` (-1: no page)."""
+    (``Owner.SWA`` / ``Owner.COMPRESS``) are now ``pages`` (-1: no page). A named tuple, immutable like
+    a frozen dataclass: one is built per table change on the step's path, and a frozen dataclass's
+    constructor costs several times a tuple's."""
 
     seq_id: int
     owner: Owner
@@ -28,9 +30,8 @@ class TableUpdate:
     pages: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class NewTables:
-    """The full tables of a request admitted this step."""
+class NewTables(NamedTuple):
+    """The full tables of a request admitted this step (a named tuple, as :class:`TableUpdate`)."""
 
     seq_id: int
     comp_pages: tuple[int, ...]
