@@ -206,10 +206,10 @@ def _replay_steps(engine: ReplayEngine, steps: list[list[Op]]) -> RunRecord:
         ops, deferred = _with_deferred(trace_ops, deferred), []
         t_step = clock()
         ran: list[tuple[int, int]] = []  # (request, tokens run)
-        for op, i, n in ops:
-            if op == "free":
-                continue
-            if op == "admit":
+        for op, i, n in ops:  # (the commonest operation tested first)
+            if op == "decode" or op == "chunk":
+                tokens = engine.grow(i, n, op == "chunk")
+            elif op == "admit":
                 got = engine.admit(i, n)
                 if got is None:
                     deferred.append((op, i, n))
@@ -217,7 +217,7 @@ def _replay_steps(engine: ReplayEngine, steps: list[list[Op]]) -> RunRecord:
                 rec.hit_tokens += got[0]
                 tokens = got[1]
             else:
-                tokens = engine.grow(i, n, op == "chunk")
+                continue  # (frees run after the step)
             if tokens:
                 ran.append((i, tokens))
         for i, tokens in ran:
