@@ -99,6 +99,10 @@ class SlidingWindowPool:
         follows = self.next_token if self.mtp_rows else None
         nodes, index = chain[:limit], self.index
         swa_at = index.swa
+        if limit and host_next is None and follows is None:  # first the boundary at ``limit`` alone
+            window = [swa_at[n] for n in nodes[max(0, limit - tail):]]
+            if -1 not in window and (not self.needs_state or captured[window[-1]]):
+                return limit, limit  # (the usual hit: a prefix cached to its end; no pass over the chain)
         swa = [swa_at[n] for n in nodes]
         if host_next is not None:  # a host-only copy as -2 - its host page
             host = index.host_swa
