@@ -193,6 +193,10 @@ class BlockPool:
         self._num_uncounted += kept  # counted per chunk when a count is next read (_counts)
         if self.unlock_tokens is not None:  # only a valuing policy reads the age
             at, clock = self.cached_at, self._clock
+            if kept == 1:  # (a request's end or a window's step: one block cached, the newest entry)
+                at[next(reversed(cached))] = clock
+                self._clock = clock + 1
+                return
             for bid in reversed(list(islice(reversed(cached), kept))):  # in release order
                 at[bid] = clock
                 clock += 1
