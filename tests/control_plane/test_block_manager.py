@@ -136,3 +136,31 @@ def test_capture_destinations_are_the_blocks_own_backed_pages_and_restores_only_
     h.observe(check_captures_and_restores)
     h.run()
     assert captures >= 4 and restores == 1
+
+
+def test_each_decode_step_backs_publishes_and_releases_exactly_at_block_boundaries(harness):
+    from atom.model_engine.sequence import Sequence
+    from atom.sampling_params import SamplingParams
+
+    h = harness(budget=64, spec_overrides={"sliding_window": 16})
+    bm = h.bm
+    B, W = bm.block_size, bm.swa.window
+    seq = Sequence(list(range(1, 41)), SamplingParams(max_tokens=100), B)
+    assert bm.admit(seq, 64) == 40
+    seq.num_computed_tokens = 40
+    seq.append_token(7)
+    bm.after_step(seq)
+    held = bm.holdings[seq.seq_id]
+    for _ in range(3 * B):
+        start = seq.num_computed_tokens
+        before = (bm.arena.num_used(SWA), bm.arena.num_used(COMPRESS), len(held.comp.blocks))
+        bm.grow(seq, 1)
+        after = (bm.arena.num_used(SWA), bm.arena.num_used(COMPRESS), len(held.comp.blocks))
+        assert (after != before) == (start % B == 0), f"step at {start}"  # new pages only for a new block
+        seq.num_computed_tokens += 1
+        seq.append_token(5)
+        bm.after_step(seq)
+        c = seq.num_computed_tokens
+        assert held.published_upto == c // B, f"after {c} tokens"
+        assert held.swa_released_upto == max(0, (c - W + 1) // B), f"after {c} tokens"
+        bm.check_integrity([seq])
