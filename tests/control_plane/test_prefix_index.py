@@ -215,3 +215,15 @@ class IndexMachine(RuleBasedStateMachine):
 
 TestIndexMachine = IndexMachine.TestCase
 TestIndexMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_block_keys_pack_token_ids_in_4_bytes_and_a_token_id_past_32_bits_is_refused():
+    import pytest
+
+    from atom.kv.kv_block import chain_hashes
+
+    hashes, keys = [], []
+    chain_hashes(list(range(1, 9)), 4, 2, hashes, keys)
+    assert [len(k) for k in keys] == [16, 16] and len(set(hashes)) == 2
+    with pytest.raises(ValueError, match="outside the 32-bit range in blocks 0..0"):
+        chain_hashes([1, 2, 2**31, 4], 4, 1, [], [])
