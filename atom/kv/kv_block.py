@@ -2,11 +2,11 @@
 
 A block covers ``block_size`` consecutive token positions of a sequence. Its key is the block's
 token ids packed as int32 bytes (every vocabulary's ids fit, in half the bytes of int64: the prefix
-index keeps one key per cached block, and a hit compares them); its hash is xxhash64 of that key seeded with the previous block's
-hash, so equal hashes mean equal prefixes with overwhelming probability. The hash only *finds* a
-candidate: a hit is verified exactly (the candidate's parent is the block accepted just before and
-its key equals the query's, see :mod:`atom.kv.prefix_index`), so a hash collision can
-never serve KV computed under another prefix.
+index keeps one key per cached block, and a hit compares them); its hash is xxhash64 of that key
+seeded with the previous block's hash, so equal hashes mean equal prefixes with overwhelming
+probability. The hash only *finds* a candidate: a hit is verified exactly (the candidate's parent is
+the block accepted just before and its key equals the query's, see :mod:`atom.kv.prefix_index`), so
+a hash collision can never serve KV computed under another prefix.
 
 Both are computed once per block per request (``Sequence.hashes_upto``) from one packing of the
 token ids, with no per-block tuple of Python ints.

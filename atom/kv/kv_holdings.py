@@ -48,7 +48,8 @@ class KvHoldings:
     """One request's blocks, pages, state page and published chain."""
 
     __slots__ = ("seq_id", "comp", "swa", "swa_released_upto", "published_upto", "hit_blocks",
-                 "retain_boundaries", "state_slot", "state_fresh", "restore_page", "tip", "shipped", "quiet_until", "backed_block", "_sink")
+                 "retain_boundaries", "state_slot", "state_fresh", "restore_page", "tip", "shipped", "quiet_until",
+                 "backed_block", "_sink")
 
     def __init__(self, seq_id: int, sink: list[TableUpdate]) -> None:
         self.seq_id = seq_id
