@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 __all__ = ["CHUNK", "Trace", "TRACES", "Op", "build_steps", "prompt_tokens", "ReplayEngine", "RunRecord", "clock_cost_ns", "replay"]
 
@@ -156,12 +156,9 @@ def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK, time
     ``steps`` (per-operation readings would add their own cost to the step)."""
     if not time_ops:
         return _replay_steps(engine, steps)
-    rec = RunRecord()
-    clock = time.perf_counter_ns
+    rec, clock, deferred = RunRecord(), time.perf_counter_ns, []
     cost = clock_cost_ns(clock=clock)
-    deferred: list[Op] = []
-    for trace_ops in steps:
-        ops, deferred = _with_deferred(trace_ops, deferred), []
+    for ops in _retrying(steps, deferred):
         ran: list[tuple[str, int, int, int]] = []  # (kind, request, tokens, ns so far)
         for op, i, n in ops:
             if op == "free":
@@ -190,20 +187,15 @@ def replay(engine: ReplayEngine, steps: list[list[Op]], chunk: int = CHUNK, time
                 t0 = clock()
                 engine.free(i)
                 rec.ops.setdefault("free", []).append((clock() - t0 - cost) / 1e3)
-    if deferred:
-        raise RuntimeError(f"admissions still deferred when the trace ended: {deferred}")
     return rec
 
 
 def _replay_steps(engine: ReplayEngine, steps: list[list[Op]]) -> RunRecord:
     """:func:`replay` timing whole steps: the same calls in the same order, with nothing in the step
     but the engine's calls and the loop that makes them (what the step figure should measure)."""
-    rec = RunRecord()
-    clock = time.process_time_ns
+    rec, clock, deferred = RunRecord(), time.process_time_ns, []
     cost = clock_cost_ns(clock=clock)
-    deferred: list[Op] = []
-    for trace_ops in steps:
-        ops, deferred = _with_deferred(trace_ops, deferred), []
+    for ops in _retrying(steps, deferred):
         t_step = clock()
         ran: list[tuple[int, int]] = []  # (request, tokens run)
         for op, i, n in ops:  # (the commonest operation tested first)
@@ -227,9 +219,19 @@ def _replay_steps(engine: ReplayEngine, steps: list[list[Op]]) -> RunRecord:
             if op == "free":
                 engine.free(i)
         rec.steps.append((clock() - t_step - cost) / 1e3)
+    return rec
+
+
+def _retrying(steps: list[list[Op]], deferred: list[Op]) -> Iterator[list[Op]]:
+    """Each step's operations, the admissions the caller deferred in the step before (appended to
+    ``deferred``, which is emptied as each step starts) placed first (:func:`_with_deferred`); raises
+    at the end if some are still deferred."""
+    for trace_ops in steps:
+        ops = _with_deferred(trace_ops, deferred)
+        deferred.clear()
+        yield ops
     if deferred:
         raise RuntimeError(f"admissions still deferred when the trace ended: {deferred}")
-    return rec
 
 
 def _with_deferred(ops: list[Op], deferred: list[Op]) -> list[Op]:

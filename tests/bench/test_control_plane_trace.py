@@ -71,11 +71,18 @@ class _Deferring:
         self.calls.append(("free", i))
 
 
-def test_a_deferred_admission_is_retried_first_in_the_next_step():
+@pytest.mark.parametrize("time_ops", [True, False])
+def test_a_deferred_admission_is_retried_first_in_the_next_step(time_ops):
     engine = _Deferring()
-    replay(engine, [[("admit", 0, 4), ("admit", 1, 4)], [("chunk", 0, 4), ("admit", 2, 4)]])
+    replay(engine, [[("admit", 0, 4), ("admit", 1, 4)], [("chunk", 0, 4), ("admit", 2, 4)]], time_ops=time_ops)
     assert engine.calls == [("admit", 0), ("admit", 1), ("end", -1),
                             ("grow", 0), ("admit", 1), ("admit", 2), ("end", -1)]
+
+
+@pytest.mark.parametrize("time_ops", [True, False])
+def test_an_admission_still_deferred_when_the_trace_ends_is_an_error(time_ops):
+    with pytest.raises(RuntimeError, match=r"still deferred when the trace ended: \[\('admit', 1, 4\)\]"):
+        replay(_Deferring(), [[("admit", 0, 4), ("admit", 1, 4)]], time_ops=time_ops)
 
 
 def test_vllm_replays_the_shared_prefix_trace_with_the_hits_its_own_statistics_count():
