@@ -34,8 +34,8 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, num_blocks: int,
     try:
         packed = array("i", token_ids[start * block_size:num_blocks * block_size]).tobytes()
     except OverflowError:
-        raise ValueError(f"a token id outside the 32-bit range in blocks {start}..{num_blocks - 1}; token ids "
-                         f"are vocabulary indices (0 <= id < 2**31)") from None
+        raise ValueError(f"a token id outside the 32-bit range in blocks {start}..{num_blocks - 1}; a block key "
+                         f"packs each id in 4 bytes (-2**31 <= id < 2**31; vocabulary ids fit)") from None
     digest = xxhash.xxh64_intdigest
     prev = hashes[-1] if hashes else ROOT_SEED
     for off in range(0, len(packed), step):
