@@ -18,6 +18,7 @@ page this owner never held raises :class:`ArenaError`; borrowing from an empty a
 from __future__ import annotations
 
 from atom.validation import require_int
+from atom.kv.int_runs import id_run
 
 __all__ = ["ArenaEmpty", "ArenaError", "ChunkArena", "ChunkBackedFreeList"]
 
@@ -193,10 +194,10 @@ class ChunkBackedFreeList:
             k = rest - len(chunks) * ppc
             for chunk in chunks:
                 base = chunk * ppc
-                out += range(base, base + ppc)
+                out += id_run(base, base + ppc)
                 free_local_of[chunk] = []
             base = last * ppc
-            out += range(base, base + k)
+            out += id_run(base, base + k)
             free_local_of[last] = list(range(ppc - 1, k - 1, -1))
             if k < ppc:
                 by_used[k][last] = None

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from atom.kv.int_runs import id_run
+
 __all__ = ["NO_NODE", "PrefixIndex"]
 
 NO_NODE = -1  # "no node": the parent of a block-0 node, an unpublished block, a request with no chain
@@ -179,12 +181,13 @@ class PrefixIndex:
                     b = a + m
                     h_of[a:b] = hashes[i:] if i else hashes
                     k_of[a:b] = keys[i:] if i else keys
+                    ids = id_run(a, b)
                     p_of[a] = parent
-                    p_of[a + 1:b] = range(a, b - 1)
-                    d_of[a:b] = range(depth, depth + m)
+                    p_of[a + 1:b] = ids[:-1]
+                    d_of[a:b] = id_run(depth, depth + m)
                     refs[a:b] = [1] * m
                     self._fresh = b
-                    out += range(a, b)
+                    out += ids
         if out:
             refs[out[-1]] = 0
             if tip >= 0:
