@@ -256,10 +256,15 @@ class SlidingWindowPool:
         the prompt resumes, and a shared-prefix junction found at admission or by a waiting request)."""
         if self.full_retain:
             return range(lo, hi)
-        out = set(range(lo, min(hi, h.hit_blocks)))
-        for b in h.retain_boundaries:
-            out.update(range(max(lo, b - self.tail_blocks), min(hi, b)))
-        return out
+        kept: range | set[int] = range(lo, max(lo, min(hi, h.hit_blocks)))
+        for b in h.retain_boundaries:  # (a range while one stretch is kept: no set built)
+            window = range(max(lo, b - self.tail_blocks), min(hi, b))
+            if window:
+                if kept:
+                    kept = set(kept).union(window)
+                else:
+                    kept = window
+        return kept
 
     def release_all(self, h: KvHoldings) -> None:
         """Release every block held; published ones stay cached (the resumable tail)."""
