@@ -11,13 +11,18 @@ small beside what the pools keep per id).
 
 from __future__ import annotations
 
+import threading
+
 __all__ = ["id_run"]
 
 _INTS: list[int] = list(range(1 << 12))
+_GROWING = threading.Lock()  # (engines on threads: two growths at once would append a stretch twice)
 
 
 def id_run(start: int, stop: int) -> list[int]:
     """``list(range(start, stop))`` for ``0 <= start <= stop``, built from shared int objects."""
     if stop > len(_INTS):
-        _INTS.extend(range(len(_INTS), max(stop, 2 * len(_INTS))))
+        with _GROWING:
+            if stop > len(_INTS):
+                _INTS.extend(range(len(_INTS), max(stop, 2 * len(_INTS))))
     return _INTS[start:stop]
