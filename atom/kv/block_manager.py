@@ -190,13 +190,15 @@ class BlockManager:
         comp_at, swa_at = self.index.comp, self.index.swa
         comp_ids = [comp_at[n] for n in chain[:blocks]] if self.has_compressed else []
         swa_ids = [swa_at[n] for n in chain[window.start:blocks]]
-        claimed = {COMPRESS: [bid for bid in comp_ids if bid >= 0] if -1 in comp_ids else comp_ids,
-                   SWA: [bid for bid in swa_ids if bid >= 0]}
         restore = {COMPRESS: [chain[j] for j in range(blocks) if comp_at[chain[j]] < 0] if self.has_compressed else [],
                    SWA: [chain[j] for j in window if swa_at[chain[j]] < 0]} if match.from_host else None
         extra = (len(restore[SWA]), len(restore[COMPRESS])) if restore else (0, 0)
         first = self._first_pages(blocks, num_new, extra)
         room_now = self.arena.can_alloc(*first)  # (:meth:`_admission_fits`, its first test kept)
+        claimed: dict[str, list[int]] = {}  # owner -> the hit's device blocks, listed only when a test reads them
+        if not room_now or self.swa.num_pins or restore:
+            claimed = {COMPRESS: [bid for bid in comp_ids if bid >= 0] if -1 in comp_ids else comp_ids,
+                       SWA: [bid for bid in swa_ids if bid >= 0]}
         if not room_now and not self._room_possible(*first, claimed):
             return 0
         if self.swa.num_pins:
@@ -284,7 +286,9 @@ class BlockManager:
         the compressed prefix matched an earlier request although its SWA window was gone."""
         prompt_end = (seq.num_prompt_tokens - 1) // self.block_size
         junction = match.compressed if match.compressed > match.window_bound else 0
-        return tuple(b for b in {prompt_end, junction} if b > 0)
+        if junction and junction != prompt_end:
+            return (prompt_end, junction) if prompt_end > 0 else (junction,)
+        return (prompt_end,) if prompt_end > 0 else ()
 
     def _count(self, seq: KvRequest, match: PrefixMatch) -> None:
         b, st = self.block_size, seq.stats

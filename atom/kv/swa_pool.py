@@ -97,12 +97,13 @@ class SlidingWindowPool:
         block but a host copy counts as cached (a copy was published, so its state was captured)."""
         tail, captured, b_size = self.tail_blocks, self.pool.captured, self.block_size
         follows = self.next_token if self.mtp_rows else None
-        nodes, index = chain[:limit], self.index
+        index = self.index
         swa_at = index.swa
         if limit and host_next is None and follows is None:  # first the boundary at ``limit`` alone
-            window = [swa_at[n] for n in nodes[max(0, limit - tail):]]
+            window = [swa_at[n] for n in chain[limit - tail if limit > tail else 0:limit]]
             if -1 not in window and (not self.needs_state or captured[window[-1]]):
                 return limit, limit  # (the usual hit: a prefix cached to its end; no pass over the chain)
+        nodes = chain[:limit]
         swa = [swa_at[n] for n in nodes]
         if host_next is not None:  # a host-only copy as -2 - its host page
             host = index.host_swa
