@@ -75,9 +75,10 @@ class AtomReplay:
         if s.seq_id not in self.bm.holdings:
             return 0  # its admission is deferred
         n = min(max_new, s.num_prompt_tokens - s.num_computed_tokens) if prefill else 1
-        if n > 0:
-            self.bm.grow(s, n)
-        return max(n, 0)
+        if n <= 0:
+            return 0
+        self.bm.grow(s, n)
+        return n
 
     def after(self, i: int, tokens: int) -> None:
         s = self.seqs[i]

@@ -185,8 +185,10 @@ class BlockManager:
         """:meth:`admit` with ``seq``'s prefix match (:meth:`_match`) already taken."""
         assert seq.seq_id not in self.holdings, f"request {seq.seq_id} admitted twice"
         start, blocks = match.blocks * self.block_size, match.blocks
-        num_new = min(len(seq) - start, max_new)
-        window = range(max(0, blocks - self.swa.tail_blocks), blocks)
+        num_new = len(seq) - start
+        num_new = num_new if num_new < max_new else max_new
+        tail = self.swa.tail_blocks
+        window = range(blocks - tail if blocks > tail else 0, blocks)
         comp_at, swa_at = self.index.comp, self.index.swa
         comp_ids = [comp_at[n] for n in chain[:blocks]] if self.has_compressed else []
         swa_ids = [swa_at[n] for n in chain[window.start:blocks]]
@@ -239,7 +241,8 @@ class BlockManager:
         pages and a first chunk of ``num_new`` tokens takes."""
         b = self.block_size
         end = blocks * b + num_new
-        comp = max(0, -(-end // b) - blocks) + extra[1] if self.has_compressed else 0
+        comp = -(-end // b) - blocks
+        comp = (comp if comp > 0 else 0) + extra[1] if self.has_compressed else 0
         return (end - 1) // b - blocks + 1 + extra[0], comp, int(self.slots.has_state)
 
     def chunk_within_pins(self, seq: KvRequest, num_new: int) -> int:
@@ -307,7 +310,7 @@ class BlockManager:
         """Move ``seq``'s entry from prompt block ``old`` to ``new`` (none past its prompt's full
         blocks, or ``new`` < 0: the request is gone). O(1): only the next block is registered."""
         hashes, sid, end = seq.block_hashes, seq.seq_id, seq.num_prompt_tokens // self.block_size
-        if old < min(end, len(hashes)) and self._frontier.get(hashes[old], (None,))[0] == sid:
+        if old < end and old < len(hashes) and self._frontier.get(hashes[old], (None,))[0] == sid:
             del self._frontier[hashes[old]]
         if 0 <= new < end:
             self._frontier.setdefault(seq.hashes_upto(new + 1)[new], (sid, seq.block_hashes))
@@ -445,7 +448,8 @@ class BlockManager:
             release_at = (h.swa_released_upto + 1) * b + self.swa.window - 1
         # the next call with work: a block filled past the published ones, or one more leaving the
         # window (both fields change only here, and at admission, which makes fresh holdings)
-        h.quiet_until = min((h.published_upto + 1) * b, release_at)
+        publish_at = (h.published_upto + 1) * b
+        h.quiet_until = publish_at if publish_at < release_at else release_at
         h.state_fresh = False
         h.restore_page = -1
 

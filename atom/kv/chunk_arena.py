@@ -175,7 +175,7 @@ class ChunkBackedFreeList:
                 del bucket[chunk]
                 free_local = free_local_of[chunk]
                 used = ppc - len(free_local)
-                k = min(rest, ppc - used)
+                k = ppc - used if ppc - used < rest else rest
                 base = chunk * ppc
                 if k == 1:
                     out.append(base + free_local.pop())

@@ -51,7 +51,8 @@ class CompressedPool:
 
     def pages_needed(self, h: KvHoldings, end_pos: int) -> int:
         """New blocks positions up to ``end_pos`` (exclusive) need."""
-        return max(0, -(-end_pos // self.block_size) - len(h.comp.blocks))
+        n = -(-end_pos // self.block_size) - len(h.comp.blocks)
+        return n if n > 0 else 0
 
     def ensure(self, h: KvHoldings, end_pos: int) -> None:
         """Back every block up to ``end_pos`` (room was made by the caller)."""

@@ -127,7 +127,7 @@ class SlidingWindowPool:
         """Give the request the trailing window blocks of a hit at ``boundary`` (earlier: -1).
         ``ids``: those blocks (``chain[boundary - tail_blocks:boundary]``'s), when the caller has
         read them from the index already (not read again)."""
-        first = max(0, boundary - self.tail_blocks)
+        first = boundary - self.tail_blocks if boundary > self.tail_blocks else 0
         if ids is None:
             swa_at = self.index.swa
             ids = [swa_at[n] for n in chain[first:boundary]]
@@ -149,7 +149,7 @@ class SlidingWindowPool:
         blocks, held = h.swa.blocks, len(h.swa.blocks)
         if first >= held:
             return last - first + 1
-        return sum(1 for j in range(first, min(last + 1, held)) if blocks[j] == -1) + max(0, last + 1 - held)
+        return blocks[first:last + 1].count(-1) + (last + 1 - held if last + 1 > held else 0)
 
     def ensure(self, h: KvHoldings, start: int, num_new: int) -> None:
         """Back every block positions ``start ..`` touch (room was made by the caller). New blocks
@@ -158,7 +158,8 @@ class SlidingWindowPool:
         first, last = start // self.block_size, (start + num_new - 1) // self.block_size
         blocks = h.swa.blocks
         if first >= len(blocks):  # the usual case: every block is new, one run
-            leaving = min(self._window_start(start + num_new), last + 1)
+            leaving = self._window_start(start + num_new)
+            leaving = leaving if leaving <= last else last + 1
             if leaving > first and not self.full_retain:
                 self._back_with_scratch(h, first, last, leaving)
                 return
@@ -204,7 +205,8 @@ class SlidingWindowPool:
         the publishing request's tokens (with MTP rows, the token after each block is recorded)."""
         blocks, pool = h.swa.blocks, self.pool
         end = first_block + len(nodes)
-        gone = max(first_block, min(self._window_start(computed), end))
+        gone = self._window_start(computed)
+        gone = first_block if gone < first_block else (end if gone > end else gone)
         keep = self._kept_indices(h, first_block, gone)  # (all before ``gone``)
         held = len(blocks)
         for j in chain(sorted(keep), range(gone, end)):  # ascending: the blocks not freed at once
@@ -223,7 +225,8 @@ class SlidingWindowPool:
     def release_out_of_window(self, h: KvHoldings, computed: int) -> None:
         """Release blocks no future query reads (they left the window): the kept ones to the cache,
         the rest freed; one table delta for the run."""
-        lo, hi = h.swa_released_upto, min(self._window_start(computed), len(h.swa.blocks))
+        lo, hi, held = h.swa_released_upto, self._window_start(computed), len(h.swa.blocks)
+        hi = hi if hi < held else held
         if hi <= lo:
             return
         keep, run = self._kept_indices(h, lo, hi), h.swa.blocks[lo:hi]
@@ -248,7 +251,8 @@ class SlidingWindowPool:
 
     def _window_start(self, computed: int) -> int:
         """Blocks before this one are out of every future query's window."""
-        return max(0, (computed - self.window + 1) // self.block_size)
+        start = (computed - self.window + 1) // self.block_size
+        return start if start > 0 else 0
 
     def _kept_indices(self, h: KvHoldings, lo: int, hi: int) -> range | set[int]:
         """Blocks in ``lo .. hi-1`` that stay cached when they leave the window: all with full
@@ -257,9 +261,11 @@ class SlidingWindowPool:
         the prompt resumes, and a shared-prefix junction found at admission or by a waiting request)."""
         if self.full_retain:
             return range(lo, hi)
-        kept: range | set[int] = range(lo, max(lo, min(hi, h.hit_blocks)))
+        hit = h.hit_blocks if h.hit_blocks < hi else hi
+        kept: range | set[int] = range(lo, hit if hit > lo else lo)
         for b in h.retain_boundaries:  # (a range while one stretch is kept: no set built)
-            window = range(max(lo, b - self.tail_blocks), min(hi, b))
+            first = b - self.tail_blocks
+            window = range(first if first > lo else lo, b if b < hi else hi)
             if window:
                 if kept:
                     kept = set(kept).union(window)

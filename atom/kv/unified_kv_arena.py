@@ -92,8 +92,8 @@ class UnifiedKvArena(LogicalPageMap):
         checked against those alone."""
         if self._num_spare:
             spare = self._spare
-            if self._fits(max(0, swa - len(spare[SWA])), max(0, compress - len(spare[COMPRESS])),
-                          max(0, state - len(spare[STATE]))):
+            s, c, t = swa - len(spare[SWA]), compress - len(spare[COMPRESS]), state - len(spare[STATE])
+            if self._fits(s if s > 0 else 0, c if c > 0 else 0, t if t > 0 else 0):  # (no max(): ~1K instructions each)
                 return True
             self._flush_spare()
         return self._fits(swa, compress, state)
