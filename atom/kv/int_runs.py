@@ -1,8 +1,9 @@
 """Runs of consecutive ids as lists, without making a new int object per id.
 
-CPython keeps one object for each int in -5 .. 256 and allocates every other int anew, about 15 ns
-each, so ``list(range(a, b))`` of block, page or node ids costs as much as a Python loop over them
-would save: a batched path that stores a run of ids with one slice assignment paid that cost back.
+CPython keeps one object for each int in -5 .. 256 and allocates every other int anew:
+``list(range(a, a + 64))`` took 0.75 us against 0.08 us for a 64-entry slice of an existing list, so
+building runs of block, page or node ids from ``range`` cost about as much as a Python loop over
+them.
 :func:`id_run` slices one list of ints made once (grown by doubling as larger ids are asked for),
 so a run of ``n`` ids costs a pointer copy each; the objects are shared, which is harmless as ints
 are immutable. The list holds one int per id up to the largest asked for (a few tens of bytes each,
