@@ -166,9 +166,9 @@ class SplitKvArena(_PagedArena):
         for owner in OWNERS:
             self._arenas[owner].check_integrity()
             self._lists[owner].check_integrity()
-            pages = list(self._phys[owner].values())
-            assert len(pages) == self.num_used(owner)
-            assert len(pages) + self._arenas[owner].num_free() == self.capacity(owner)
+            used = self.num_mapped(owner) + self.num_unmapped(owner)
+            assert used == self.num_used(owner)
+            assert used + self._arenas[owner].num_free() == self.capacity(owner)
 
 
 class OracleKvArena(_PagedArena):
@@ -187,6 +187,7 @@ class OracleKvArena(_PagedArena):
         self.used_bytes = 0
         self._free_pages: dict[str, list[int]] = {owner: [] for owner in OWNERS}
         self._next_page = {owner: 0 for owner in OWNERS}
+        self._num_used = {owner: 0 for owner in OWNERS}
 
     @property
     def lends_between_owners(self) -> bool:
@@ -199,7 +200,7 @@ class OracleKvArena(_PagedArena):
         return swa * self.cost[SWA] + compress * self.cost[COMPRESS] + state * self.cost[STATE]
 
     def num_used(self, owner: str) -> int:
-        return len(self._phys[owner])
+        return self._num_used[owner]
 
     def num_free_chunks(self) -> int:
         return self.free_bytes() // min(self.cost.values())
@@ -229,18 +230,21 @@ class OracleKvArena(_PagedArena):
             page = self._next_page[owner]
             self._next_page[owner] += 1
         self.used_bytes += self.cost[owner]
+        self._num_used[owner] += 1
         return page
 
     def _give_back(self, owner: str, page: int) -> None:
         self._free_pages[owner].append(page)
         self.used_bytes -= self.cost[owner]
+        self._num_used[owner] -= 1
 
     def check_integrity(self) -> None:
         assert 0 <= self.used_bytes <= self.budget, f"oracle uses {self.used_bytes} of {self.budget} B"
         assert self.used_bytes == sum(self.num_used(o) * self.cost[o] for o in OWNERS)
         self._check_maps()
         for owner in OWNERS:
-            pages = list(self._phys[owner].values())
+            pages = list(self.mapping(owner).values())
+            assert self.num_used(owner) == len(pages) + self.num_unmapped(owner), f"{owner}: used pages miscounted"
             assert not set(pages) & set(self._free_pages[owner]), f"{owner}: a used page is on the free list"
 
 

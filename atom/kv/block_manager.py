@@ -84,9 +84,10 @@ class BlockManager:
         self.has_compressed = bool(spec.compressed_layers)
         self.prefix_caching = cache.enable_prefix_caching
         self.arena = UnifiedKvArena(layout) if arena is None else arena
-        self.index = PrefixIndex()
-        self.comp = CompressedPool(self.arena, self.index, layout.max_compressed_pages if self.has_compressed else 0,
-                                   self.block_size, self.prefix_caching)
+        # a node for every block the two pools can publish, made now (the index still grows past it)
+        comp_ids = layout.max_compressed_pages if self.has_compressed else 0
+        self.index = PrefixIndex(comp_ids + layout.max_swa_pages if self.prefix_caching else 0)
+        self.comp = CompressedPool(self.arena, self.index, comp_ids, self.block_size, self.prefix_caching)
         self.swa = SlidingWindowPool(self.arena, self.index, layout.max_swa_pages, self.block_size,
                                      spec.sliding_window, spec.tail_blocks, cache,
                                      int(cache.swa_pin_fraction * layout.max_swa_pages), bool(spec.csa_layers),

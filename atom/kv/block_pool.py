@@ -53,7 +53,7 @@ class BlockPool:
         self._at = index.comp if owner == Owner.COMPRESS else index.swa  # node -> this pool's block there
         self.ref = [0] * num_ids
         self.node = [NO_NODE] * num_ids  # the prefix node each published id hangs on
-        self.pages = [-1] * num_ids  # the arena page of each backed id (a copy of the arena's map)
+        self.pages = arena.page_table(owner, num_ids)  # the arena page of each backed id (the arena's own map: read only)
         self._chunk = [-1] * num_ids  # the arena chunk of each backed id's page (page // pages per chunk)
         self.captured = [False] * num_ids  # SWA: the fused CSA boundary state of the block was written
         self.cached_at = [0] * num_ids  # the cache clock when it was last cached (its age for eviction)
@@ -106,12 +106,11 @@ class BlockPool:
         if n == 0:
             return [], []
         ids = self._vacant[-n:][::-1]
-        pages = self.arena.alloc_ids(self.owner, ids)
+        pages = self.arena.alloc_ids(self.owner, ids)  # (it maps them: ``self.pages`` is its table)
         del self._vacant[-n:]
-        ref, pg, ch, ppc = self.ref, self.pages, self._chunk, self._ppc
+        ref, ch, ppc = self.ref, self._chunk, self._ppc
         for bid, page in zip(ids, pages):
             ref[bid] = 1
-            pg[bid] = page
             ch[bid] = page // ppc
         return ids, pages
 
@@ -124,10 +123,9 @@ class BlockPool:
         ids = self._vacant[-n:][::-1]
         del self._vacant[-n:]
         self.arena.map_unmapped(self.owner, ids, pages)
-        ref, pg, ch, ppc = self.ref, self.pages, self._chunk, self._ppc
+        ref, ch, ppc = self.ref, self._chunk, self._ppc
         for bid, page in zip(ids, pages):
             ref[bid] = 1
-            pg[bid] = page
             ch[bid] = page // ppc
         return ids
 
@@ -182,7 +180,6 @@ class BlockPool:
         if len(unpublished) == 1:  # (a request's partly written last block: inlined, one call less)
             bid = unpublished[0]
             self.arena.free_one(self.owner, bid)
-            self.pages[bid] = -1
             self.captured[bid] = False
             self._vacant.append(bid)
         elif unpublished:
@@ -369,14 +366,12 @@ class BlockPool:
         if len(block_ids) == 1:  # (a request's partly written last block)
             bid = block_ids[0]
             self.arena.free_one(self.owner, bid)
-            self.pages[bid] = -1
             self.captured[bid] = False
             self._vacant.append(bid)
             return
-        self.arena.free(self.owner, block_ids)
-        pages, captured = self.pages, self.captured
+        self.arena.free_ids(self.owner, block_ids)
+        captured = self.captured
         for bid in block_ids:
-            pages[bid] = -1
             captured[bid] = False
         self._vacant += block_ids
 
@@ -389,7 +384,7 @@ class BlockPool:
         assert len(vacant) == len(self._vacant), f"{self.owner}: vacant id listed twice"
         assert not vacant & cached, f"{self.owner}: id both vacant and cached"
         for bid in range(self.num_ids):
-            ref, node, backed = self.ref[bid], self.node[bid], self.arena.is_backed(self.owner, bid)
+            ref, node, backed = self.ref[bid], self.node[bid], self.pages[bid] >= 0
             if bid in vacant:
                 assert ref == 0 and node < 0 and not backed and self.pages[bid] == -1, f"{self.owner}: dirty vacant {bid}"
             elif bid in cached:
@@ -397,7 +392,6 @@ class BlockPool:
             else:
                 assert ref > 0 and backed, f"{self.owner}: used block {bid} ref {ref}"
             if backed:
-                assert self.pages[bid] == self.arena.page(self.owner, bid), f"{self.owner}: block {bid} page copy stale"
                 assert self._chunk[bid] == self.pages[bid] // self._ppc, f"{self.owner}: block {bid} chunk stale"
             if node >= 0:
                 assert self._at[node] == bid, f"{self.owner}: node {node} does not point back at {bid}"

@@ -23,7 +23,10 @@ for the other), and two heads never share a hash (the dict holds one; a run whos
 head holds stops there, its blocks stay private).
 
 Ids of removed nodes are reused (a stack, the most recently removed on top) before ids never used;
-the lists grow by doubling, in place, so a pool may keep a reference to its column.
+the lists grow by doubling, in place, so a pool may keep a reference to its column. The block manager
+sizes the index at construction for a node per block its pools can publish (``capacity``), so a
+server does not stop inside a step to copy every column (0.6 ms at 32K nodes, measured) while it
+fills.
 
 Each pool publishes at most one block per node (``comp[n]`` / ``swa[n]``: the block id, or -1); the
 host tier keeps at most one copy of each per node (``host_comp[n]`` / ``host_swa[n]``: the host page,
@@ -54,7 +57,8 @@ def _is_successor(n: int, parent: int) -> bool:
 class PrefixIndex:
     """Nodes of verified prefixes: heads by hash, successors by position; node fields in flat lists."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 0) -> None:
+        """``capacity``: ids to make room for now (more are added by doubling when needed)."""
         self._heads: dict[int, int] = {}  # hash -> head node (a root or the first node of a run)
         self.block_hash: list[int] = []
         self.parent: list[int] = []
@@ -68,6 +72,8 @@ class PrefixIndex:
         self.hits: list[int] = []  # prefix hits that claimed this node's blocks (write-through)
         self._free: list[int] = []  # removed ids, reused first (the most recently removed on top)
         self._fresh = 0  # ids from here to the capacity were never used
+        if capacity > 0:
+            self._grow(capacity)
 
     def __len__(self) -> int:
         return self._fresh - len(self._free)  # every id below _fresh is live or reused-vacant

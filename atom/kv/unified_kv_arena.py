@@ -48,7 +48,6 @@ class UnifiedKvArena(LogicalPageMap):
             STATE: (ChunkBackedFreeList(self._state_pool, 1, STATE) if self._state_pool is not None else
                     ChunkBackedFreeList(self.chunks, max(1, layout.state_pages_per_chunk), STATE)),
         }
-        self._unmapped = {owner: 0 for owner in OWNERS}  # pages held without a logical id (take_unmapped)
         # pages given back by give_back_unmapped, still used in their owner's free list and lent
         # again first; every other query hands them back to the free list first (_flush_spare)
         self._spare: dict[str, list[int]] = {owner: [] for owner in OWNERS}
@@ -168,7 +167,7 @@ class UnifiedKvArena(LogicalPageMap):
         """:meth:`LogicalPageMap.alloc_ids` with its room check (:meth:`can_alloc_one`) and page take
         inlined: every allocation of a pool or a state page comes here."""
         pages = self._take(owner, len(lids))
-        self._phys[owner].update(zip(lids, pages))
+        self._map(owner, lids, pages)
         return pages
 
     def _take(self, owner: str, n: int) -> list[int]:
@@ -192,22 +191,11 @@ class UnifiedKvArena(LogicalPageMap):
         self._num_spare -= have
         return pages + lst.pop_many(n - have)
 
-    def free_one(self, owner: str, lid: int) -> None:
-        page = self._phys[owner].pop(lid, None)  # (as LogicalPageMap.free_one, one call less)
-        if page is None:
-            raise ArenaError(f"{owner}: logical block {lid} freed but it holds no page")
-        self._lists[owner].free(page)
-
     def take_unmapped(self, owner: str, n: int) -> list[int]:
-        """:meth:`LogicalPageMap.take_unmapped`, counted instead of mapped (no map entry per page),
-        spare pages first."""
+        """:meth:`LogicalPageMap.take_unmapped`, spare pages first."""
         pages = self._take(owner, n)
         self._unmapped[owner] += n
         return pages
-
-    def map_unmapped(self, owner: str, lids: list[int], pages: list[int]) -> None:
-        self._unmapped[owner] -= len(pages)
-        self._phys[owner].update(zip(lids, pages))
 
     def give_back_unmapped(self, owner: str, pages: list[int]) -> None:
         """The pages become spare: still used in the free list and lent again first (a prefill
@@ -216,9 +204,6 @@ class UnifiedKvArena(LogicalPageMap):
         self._unmapped[owner] -= len(pages)
         self._spare[owner] += pages
         self._num_spare += len(pages)
-
-    def num_unmapped(self, owner: str) -> int:
-        return self._unmapped[owner]
 
     def spare_pages(self, owner: str) -> list[int]:
         return list(self._spare[owner])
@@ -255,9 +240,8 @@ class UnifiedKvArena(LogicalPageMap):
             for chunk in lst.owned_chunks() if lst.arena is self.chunks else ():
                 assert chunk not in owned, f"chunk {chunk} owned by {owned[chunk]} and {owner}"
                 owned[chunk] = owner
-            pages = list(self._phys[owner].values())
+            pages = list(self.mapping(owner).values())
             spare = self._spare[owner]
-            assert self._unmapped[owner] >= 0, f"{owner}: {self._unmapped[owner]} unmapped pages"
             assert len(pages) + self._unmapped[owner] + len(spare) == lst.num_used(), \
                 f"{owner}: {len(pages)} mapped + {self._unmapped[owner]} unmapped + {len(spare)} spare vs " \
                 f"{lst.num_used()} used pages"

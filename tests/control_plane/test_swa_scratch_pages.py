@@ -113,9 +113,10 @@ def test_every_table_and_page_stays_consistent_mid_step_over_chunked_prompts_wit
     h.assert_all_memory_returned()
 
 
-def test_an_arena_that_maps_every_page_counts_pages_without_ids_as_used():
+def test_a_fixed_split_arena_counts_pages_without_ids_as_used_until_mapped_or_given_back():
     bm = _block_manager(Workload("w", 1, 4096), 128, 2)
     _, arena = split_arena(bm.arena.layout, 0.5)
+    arena.page_table(SWA, 16)  # (as the SWA pool sizes it)
     pages = arena.take_unmapped(SWA, 4)
     assert arena.num_used(SWA) == 4 and arena.num_unmapped(SWA) == 4
     arena.map_unmapped(SWA, [7, 8], pages[:2])

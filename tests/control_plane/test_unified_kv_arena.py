@@ -108,14 +108,14 @@ def live_byte_ranges(arena: UnifiedKvArena) -> list[tuple[int, int, str]]:
     """Byte ranges of every live page, computed from the layout formulas (not from the maps)."""
     lay = arena.layout
     out = []
-    for lid, page in arena._phys[SWA].items():
+    for lid, page in arena.mapping(SWA).items():
         start = page * lay.swa_page_bytes
         out.append((start, start + lay.spec.swa_block_bytes, f"swa {lid}"))
-    for lid, page in arena._phys[STATE].items():
+    for lid, page in arena.mapping(STATE).items():
         start = page * lay.state_page_bytes
         assert start // lay.chunk_bytes == page // lay.state_pages_per_chunk  # whole pages inside one chunk
         out.append((start, start + lay.spec.request_state_bytes, f"state {lid}"))
-    for lid, page in arena._phys[COMPRESS].items():
+    for lid, page in arena.mapping(COMPRESS).items():
         chunk, local = divmod(page, lay.compress_pages_per_chunk)
         for layer in lay.spec.compressed_layers:
             regions = [lay.compressed_rows(layer)] + ([lay.index_rows(layer)] if layer in lay.spec.csa_layers else [])
@@ -140,14 +140,14 @@ class ArenaMachine(RuleBasedStateMachine):
     def alloc(self, n_swa, n_comp, n_state):
         ids = {o: list(range(self.next_id, self.next_id + n)) for o, n in zip(OWNERS, (n_swa, n_comp, n_state))}
         self.next_id += max(n_swa, n_comp, n_state)
-        before = {o: dict(self.arena._phys[o]) for o in OWNERS}
+        before = {o: self.arena.mapping(o) for o in OWNERS}
         free_before = self.arena.num_free_chunks()
         fits = self.arena.can_alloc(n_swa, n_comp, n_state)
         try:
             self.arena.alloc(swa=ids[SWA], compress=ids[COMPRESS], state=ids[STATE])
         except ArenaEmpty:
             assert not fits
-            assert {o: dict(self.arena._phys[o]) for o in OWNERS} == before, "rollback left a trace"
+            assert {o: self.arena.mapping(o) for o in OWNERS} == before, "rollback left a trace"
             assert self.arena.num_free_chunks() == free_before, "rollback kept a chunk"
             return
         assert fits
