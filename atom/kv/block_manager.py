@@ -125,18 +125,20 @@ class BlockManager:
         comp = self.comp.hit_blocks(chain) if self.has_compressed else len(chain)
         return self.swa.bounded_hit(chain, comp, token_ids)[1] * self.block_size
 
-    def _match(self, seq: KvRequest) -> tuple[PrefixMatch, list[int]]:
-        limit = (len(seq) - 1) // self.block_size
+    def _match(self, seq: KvRequest) -> tuple[PrefixMatch, list[int], list[int]]:
+        """(the match, its verified chain of nodes, the compressed block at each node of the chain,
+        -1 where none: what :meth:`_admit` claims; empty without compressed layers)."""
+        limit = (len(seq.token_ids) - 1) // self.block_size  # (the list's len: no __len__ call)
         if not self.prefix_caching or limit == 0:
-            return PrefixMatch(0, 0, 0, 0), []
+            return PrefixMatch(0, 0, 0, 0), [], []
         hashes = seq.hashes_upto(limit)
         chain = self.index.chain(hashes, seq.block_keys, limit)
         if not chain:  # a miss (what follows would find no window and no host copy either)
             evicted = 0
             while evicted < limit and hashes[evicted] in self.comp.pool.evicted_hashes:
                 evicted += 1
-            return PrefixMatch(0, 0, evicted, 0), chain
-        comp = self.comp.hit_blocks(chain) if self.has_compressed else len(chain)
+            return PrefixMatch(0, 0, evicted, 0), chain, []
+        comp, comp_ids = self.comp.published(chain) if self.has_compressed else (len(chain), [])
         host = self.host
         if host is not None and self.has_compressed:
             comp_at, host_at = self.index.comp, self.index.host_comp
@@ -148,11 +150,11 @@ class BlockManager:
             evicted += 1
         window, full = self.swa.bounded_hit(chain, comp, seq.token_ids)
         if host is None:
-            return PrefixMatch(full, comp, evicted, window), chain
+            return PrefixMatch(full, comp, evicted, window), chain, comp_ids
         window_h, full_h = self.swa.bounded_hit(chain, both, seq.token_ids, host.next_token)
         if full_h <= full:
-            return PrefixMatch(full, both, evicted, max(window, window_h)), chain
-        return PrefixMatch(full_h, both, evicted, window_h, full_h - full), chain
+            return PrefixMatch(full, both, evicted, max(window, window_h)), chain, comp_ids
+        return PrefixMatch(full_h, both, evicted, window_h, full_h - full), chain, comp_ids
 
     def published_block(self, owner: str, seq: KvRequest, j: int) -> int | None:
         """The ``owner`` block published for block ``j`` of ``seq``'s exact prefix, else None."""
@@ -177,21 +179,22 @@ class BlockManager:
     def admit_unless_waiting(self, seq: KvRequest, max_new: int) -> int | None:
         """:meth:`should_wait_for_prefix`, then (None when it waits) :meth:`admit`, matching the
         prompt against the cache once for both (what a scheduler asks of a waiting request)."""
-        match, chain = self._match(seq)
+        match, chain, comp_ids = self._match(seq)
         if self._frontier and self._waits_for(seq, match):
             return None
-        return self._admit(seq, max_new, match, chain)
+        return self._admit(seq, max_new, match, chain, comp_ids)
 
-    def _admit(self, seq: KvRequest, max_new: int, match: PrefixMatch, chain: list[int]) -> int:
-        """:meth:`admit` with ``seq``'s prefix match (:meth:`_match`) already taken."""
+    def _admit(self, seq: KvRequest, max_new: int, match: PrefixMatch, chain: list[int], comp_ids: list[int]) -> int:
+        """:meth:`admit` with ``seq``'s prefix match (:meth:`_match`: the match, its chain and the
+        compressed block at each node of it) already taken."""
         assert seq.seq_id not in self.holdings, f"request {seq.seq_id} admitted twice"
         start, blocks = match.blocks * self.block_size, match.blocks
-        num_new = len(seq) - start
+        num_new = len(seq.token_ids) - start
         num_new = num_new if num_new < max_new else max_new
         tail = self.swa.tail_blocks
         window = range(blocks - tail if blocks > tail else 0, blocks)
         comp_at, swa_at = self.index.comp, self.index.swa
-        comp_ids = [comp_at[n] for n in chain[:blocks]] if self.has_compressed else []
+        comp_ids = comp_ids[:blocks]  # (the blocks a hit of ``blocks`` claims; [] without compressed layers)
         swa_ids = [swa_at[n] for n in chain[window.start:blocks]]
         restore = {COMPRESS: [chain[j] for j in range(blocks) if comp_at[chain[j]] < 0] if self.has_compressed else [],
                    SWA: [chain[j] for j in window if swa_at[chain[j]] < 0]} if match.from_host else None
@@ -199,12 +202,13 @@ class BlockManager:
         first = self._first_pages(blocks, num_new, extra)
         room_now = self.arena.can_alloc(*first)  # (:meth:`_admission_fits`, its first test kept)
         claimed: dict[str, list[int]] = {}  # owner -> the hit's device blocks, listed only when a test reads them
-        if not room_now or self.swa.num_pins or restore:
+        pins = self.swa.num_pins
+        if not room_now or pins or restore:
             claimed = {COMPRESS: [bid for bid in comp_ids if bid >= 0] if -1 in comp_ids else comp_ids,
                        SWA: [bid for bid in swa_ids if bid >= 0]}
         if not room_now and not self._room_possible(*first, claimed):
             return 0
-        if self.swa.num_pins:
+        if pins:
             within = {SWA: claimed[SWA],
                       COMPRESS: pinned_prefix_blocks(self.swa, self.comp.pool).union(claimed[COMPRESS])}
             fitted = longest_fitting_chunk(start, num_new, self.block_size,
@@ -281,7 +285,7 @@ class BlockManager:
             self.swa.claim_hit(h, chain, blocks, swa_ids)
             h.published_upto = h.hit_blocks = blocks
             h.tip = chain[blocks - 1]
-            self.index.ref(h.tip)
+            self.index.refs[h.tip] += 1  # (PrefixIndex.ref, inlined)
             if self.write_through_hits:
                 host_tier.write_through(self, chain, blocks)
 
@@ -325,7 +329,7 @@ class BlockManager:
 
     def _waits_for(self, seq: KvRequest, match: PrefixMatch) -> bool:
         """:meth:`should_wait_for_prefix` given ``seq``'s prefix match."""
-        limit = (len(seq) - 1) // self.block_size
+        limit = (len(seq.token_ids) - 1) // self.block_size
         k = match.compressed
         hashes = seq.hashes_upto(limit)
         producer, theirs = self._frontier.get(hashes[k], (None, [])) if k < limit else (None, [])
@@ -370,7 +374,7 @@ class BlockManager:
         :meth:`_admit` calls it directly when the arena had room before the hit was claimed (a claim
         takes no page), skipping :meth:`grow`'s recount and room check."""
         if comp_new:
-            self.comp.ensure(h, start + num_new)
+            self.comp.append(h, comp_new)
         if swa_new:
             self.swa.ensure(h, start, num_new)
         if state_new:
@@ -466,7 +470,7 @@ class BlockManager:
             if self.has_compressed:
                 self.comp.publish(h, first, nodes)
             self.swa.publish_full(h, nodes, first, seq.num_computed_tokens, seq.num_prompt_tokens, seq.token_ids)
-            self.index.ref(nodes[-1])
+            self.index.refs[nodes[-1]] += 1  # (PrefixIndex.ref, inlined)
             self.index.unref(tip)
             h.tip = tip = nodes[-1]
         if len(nodes) < full - first:

@@ -163,10 +163,15 @@ class ChunkBackedFreeList:
     def pop_many(self, n: int) -> list[int]:
         """``n`` pages, the same choice as ``n`` calls of :meth:`pop` (fullest chunk first), taken a
         chunk at a time: first the partial chunks, then fresh chunks from the arena, each filled from
-        its first page (a fresh chunk costs O(1) list operations, not one per page). The caller
-        checked they fit (:class:`ArenaEmpty` part-way otherwise)."""
+        its first page (a fresh chunk costs O(1) list operations, not one per page).
+        :class:`ArenaEmpty` (taking none) when they do not fit: the room test is made here, inline,
+        so that callers need no separate test (two calls more on every allocation)."""
         out: list[int] = []
         ppc, by_used, free_local_of = self.pages_per_chunk, self._by_used, self._free_local
+        short = n - len(free_local_of) * ppc + self._num_used  # (pages past this owner's free ones)
+        if short > 0 and -(-short // ppc) > len(self.arena._free):
+            raise ArenaEmpty(f"{self.name}: {n} pages wanted, {n - short} free in its chunks and "
+                             f"{len(self.arena._free)} free chunks of {ppc} pages")
         rest = n
         # partial chunks, fullest first (latest first in a bucket); empty buckets are skipped in C
         for bucket in filter(None, reversed(by_used)):

@@ -34,11 +34,14 @@ class CompressedPool:
 
     def hit_blocks(self, chain: Sequence[int]) -> int:
         """Leading blocks of the verified chain (node ids) whose compressed block is published."""
+        return self.published(chain)[0]
+
+    def published(self, chain: Sequence[int]) -> tuple[int, list[int]]:
+        """(:meth:`hit_blocks`, the block published at each node of ``chain``, -1 where none): one
+        pass that also lists what an admission claims (``ids[:hit]``)."""
         comp = self.pool.index.comp
-        for j, node in enumerate(chain):
-            if comp[node] < 0:
-                return j
-        return len(chain)
+        ids = [comp[node] for node in chain]
+        return (ids.index(-1) if -1 in ids else len(ids)), ids
 
     def claim_hit(self, h: KvHoldings, chain: Sequence[int], blocks: int, ids: list[int] | None = None) -> None:
         """Claim the published blocks at ``chain[:blocks]``; ``ids``: those blocks, when the caller
@@ -56,8 +59,13 @@ class CompressedPool:
 
     def ensure(self, h: KvHoldings, end_pos: int) -> None:
         """Back every block up to ``end_pos`` (room was made by the caller)."""
-        ids, pages = self.pool.allocate(self.pages_needed(h, end_pos))
-        if ids:
+        self.append(h, self.pages_needed(h, end_pos))
+
+    def append(self, h: KvHoldings, n: int) -> None:
+        """Back ``n`` new blocks after the request's last (``n`` = :meth:`pages_needed`, counted by
+        the caller, who made room for them)."""
+        if n:
+            ids, pages = self.pool.allocate(n)
             h.write(COMPRESS, len(h.comp.blocks), ids, pages)
 
     def publish(self, h: KvHoldings, first: int, nodes: Sequence[int]) -> None:

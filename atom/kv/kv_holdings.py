@@ -21,7 +21,7 @@ and only once the runner has the full tables (``shipped``).
 from __future__ import annotations
 
 from atom.kv.tables import TableUpdate
-from atom.kv.page_map import Owner
+from atom.kv.page_map import COMPRESS, Owner
 from atom.kv.prefix_index import NO_NODE
 
 __all__ = ["BlockTable", "KvHoldings", "SCRATCH"]
@@ -73,13 +73,13 @@ class KvHoldings:
         self._sink = sink
 
     def table(self, owner: Owner) -> BlockTable:
-        return self.comp if owner is Owner.COMPRESS else self.swa
+        return self.comp if owner is COMPRESS else self.swa
 
     def write(self, owner: Owner, index: int, blocks: list[int], pages: list[int]) -> None:
         """Entries ``index ..`` of the ``owner`` table are now ``blocks`` at ``pages`` (the table is
         padded with -1 up to ``index`` and grows past its end as needed); one delta for the run.
         A -1 pad needs no delta: the runner's table reads -1 past what it was sent."""
-        table = self.comp if owner is Owner.COMPRESS else self.swa
+        table = self.comp if owner is COMPRESS else self.swa  # (the module constant: ``Owner.X`` costs 7x)
         held = len(table.blocks)
         if index > held:
             pad = [-1] * (index - held)

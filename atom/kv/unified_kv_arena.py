@@ -25,7 +25,7 @@ first hands them back to the free list, so no caller ever sees a spare page as u
 
 from __future__ import annotations
 
-from atom.kv.chunk_arena import ArenaEmpty, ArenaError, ChunkArena, ChunkBackedFreeList
+from atom.kv.chunk_arena import ChunkArena, ChunkBackedFreeList
 from atom.kv.kv_layout import KvLayout
 from atom.kv.page_map import COMPRESS, OWNERS, STATE, SWA, LogicalPageMap
 
@@ -164,10 +164,15 @@ class UnifiedKvArena(LogicalPageMap):
         return super().alloc(swa, compress, state)
 
     def alloc_ids(self, owner: str, lids: list[int]) -> list[int]:
-        """:meth:`LogicalPageMap.alloc_ids` with its room check (:meth:`can_alloc_one`) and page take
+        """:meth:`LogicalPageMap.alloc_ids` with its room check (in :meth:`_take`) and its map writes
         inlined: every allocation of a pool or a state page comes here."""
         pages = self._take(owner, len(lids))
-        self._map(owner, lids, pages)
+        if owner == STATE:
+            self._state.update(zip(lids, pages))
+        else:
+            table = self._tables[owner]
+            for lid, page in zip(lids, pages):
+                table[lid] = page
         return pages
 
     def _take(self, owner: str, n: int) -> list[int]:
@@ -180,16 +185,13 @@ class UnifiedKvArena(LogicalPageMap):
             del spare[have - n:]
             self._num_spare -= n
             return pages
-        if lst.chunks_needed(n - have) > lst.arena.num_free():  # (a reserved state pool is that list's arena)
-            counts = {SWA: 0, COMPRESS: 0, STATE: 0}
-            counts[owner] = n
-            raise ArenaEmpty(self._shortfall(counts[SWA], counts[COMPRESS], counts[STATE]))
         if not have:
-            return lst.pop_many(n)
+            return lst.pop_many(n)  # (ArenaEmpty, taking none, when they do not fit)
+        more = lst.pop_many(n - have)  # (first: if it raises, the spare pages stay)
         pages = spare[:]
         spare.clear()
         self._num_spare -= have
-        return pages + lst.pop_many(n - have)
+        return pages + more
 
     def take_unmapped(self, owner: str, n: int) -> list[int]:
         """:meth:`LogicalPageMap.take_unmapped`, spare pages first."""
