@@ -95,7 +95,14 @@ class PrefixIndex:
 
     # ---- lookups ------------------------------------------------------------------------------
     def chain(self, hashes: Sequence[int], keys: Sequence[bytes], limit: int) -> list[int]:
-        """The verified nodes of blocks ``0 .. k-1`` (k <= ``limit``), stopping at the first miss."""
+        """The verified nodes of blocks ``0 .. k-1`` (k <= ``limit``), stopping at the first miss.
+
+        Where the chain continues a run of successors (a prompt that shares a prefix published in
+        one run), the run is taken at once: the length that matches is found by the chained hashes
+        (a binary search: block ``i`` of the run matches only if every block before it does, hash
+        collisions aside), then verified exactly, parents and keys, by two list comparisons in C.
+        A run that fails the exact check (a collision) is walked block by block, as is every block
+        that is not its parent's successor."""
         if limit <= 0:
             return []
         heads, parent_of, hash_of, key_of = self._heads, self.parent, self.block_hash, self.key
@@ -103,17 +110,42 @@ class PrefixIndex:
         if n is None or parent_of[n] != NO_NODE or key_of[n] != keys[0]:
             return []
         out = [n]
-        for h, key in zip(hashes[1:limit], keys[1:limit]):
+        j = 1
+        while j < limit:
             c = n + 1  # the successor, if the block continues its parent's run (an id past every used one exists)
-            if parent_of[c] != n or hash_of[c] != h:
-                c = heads.get(h)
+            if parent_of[c] == n and hash_of[c] == hashes[j]:
+                k = self._run_length(c, hashes, j, limit)
+                if k > 1 and parent_of[c:c + k] == id_run(n, n + k) and key_of[c:c + k] == keys[j:j + k]:
+                    out += id_run(c, c + k)
+                    n, j = c + k - 1, j + k
+                    continue
+            else:
+                c = heads.get(hashes[j])
                 if c is None or parent_of[c] != n:
                     break
-            if key_of[c] != key:
+            if key_of[c] != keys[j]:
                 break
             out.append(c)
-            n = c
+            n, j = c, j + 1
         return out
+
+    def _run_length(self, c: int, hashes: Sequence[int], j: int, limit: int) -> int:
+        """How many blocks from ``j`` on match the hashes of nodes ``c, c+1, ...`` (block ``j`` does):
+        the longest stretch that the chained hashes say matches (not yet verified)."""
+        hash_of = self.block_hash
+        hi = limit - j
+        if hi > len(hash_of) - c:
+            hi = len(hash_of) - c
+        if hash_of[c + hi - 1] == hashes[j + hi - 1]:
+            return hi  # (a prompt that repeats to its end: one probe)
+        lo, hi = 1, hi - 1
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if hash_of[c + mid - 1] == hashes[j + mid - 1]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _child(self, parent: int, h: int, key: bytes) -> int:
         """The node of the block with hash ``h`` and key ``key`` under ``parent``; ``NO_NODE`` when

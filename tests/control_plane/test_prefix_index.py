@@ -134,6 +134,42 @@ def test_a_lookup_stops_at_the_first_absent_hash_and_never_starts_below_block_0(
     assert index.chain([1, 2, 3], keys(1, 2, 3), 2) == nodes[:2] and index.chain([1], keys(1), 0) == []
 
 
+def _one_run(n: int) -> tuple[PrefixIndex, list[int], list[int]]:
+    """An index holding one run of ``n`` blocks (hashes 1..n), referenced at its tip."""
+    index = PrefixIndex()
+    hashes = list(range(1, n + 1))
+    nodes = index.extend(NO_NODE, 0, hashes, keys(*hashes), n)
+    index.ref(nodes[-1])
+    return index, hashes, nodes
+
+
+def test_a_lookup_takes_a_run_whole_where_the_prompt_repeats_it_and_stops_where_the_prompt_leaves_it():
+    index, hashes, nodes = _one_run(40)
+    assert index.chain(hashes, keys(*hashes), 40) == nodes
+    assert index.chain(hashes, keys(*hashes), 17) == nodes[:17]
+    for diverge in (1, 2, 3, 20, 38, 39):  # the prompt's own blocks from block ``diverge`` on
+        mine = hashes[:diverge] + [1000 + j for j in range(diverge, 45)]
+        assert index.chain(mine, keys(*mine), 45) == nodes[:diverge], diverge
+
+
+def test_a_lookup_through_a_run_stops_at_a_block_whose_key_differs_though_every_hash_matches():
+    # a hash collision inside the run: block 25's hash is the run's but its tokens are not
+    index, hashes, nodes = _one_run(40)
+    mine = keys(*hashes)
+    mine[25] = b"other tokens"
+    assert index.chain(hashes, mine, 40) == nodes[:25]
+    mine = keys(*hashes)
+    mine[39] = b"other tokens"  # the last block: the one probe of a whole run
+    assert index.chain(hashes, mine, 40) == nodes[:39]
+
+
+def test_a_lookup_through_a_run_stops_at_a_node_that_is_not_its_parents_successor():
+    # the run's hashes would match to its end, but block 12 continues another parent
+    index, hashes, nodes = _one_run(30)
+    index.parent[12] = 5  # (a corrupted parent: no lookup may pass it)
+    assert index.chain(hashes, keys(*hashes), 30) == nodes[:12]
+
+
 def test_the_columns_grow_in_place_so_a_pool_may_keep_a_reference():
     index = PrefixIndex()
     comp = index.comp
