@@ -227,8 +227,10 @@ class BlockManager:
         h.state_fresh = True
         if seq.num_preemptions == 0:  # a re-admission's hit is mostly its own recompute: count once
             self._count(seq, match)
-        if self.prefix_caching:
-            self._set_frontier(seq, h.published_upto, h.published_upto)
+        if self.prefix_caching:  # (:meth:`_set_frontier` from nothing: a new request has no entry)
+            end = seq.num_prompt_tokens // self.block_size
+            if blocks < end:
+                self._frontier.setdefault(seq.hashes_upto(blocks + 1)[blocks], (seq.seq_id, seq.block_hashes))
         return num_new
 
     def _admission_fits(self, blocks: int, num_new: int, claimed: dict[str, Iterable[int]],

@@ -50,7 +50,8 @@ class CompressedPool:
             comp = self.pool.index.comp
             ids = [comp[node] for node in chain[:blocks]]
         self.pool.claim_many(ids)
-        h.write(COMPRESS, 0, ids, [self.pool.pages[bid] for bid in ids])
+        pages = self.pool.pages  # (read once, not per block)
+        h.write(COMPRESS, 0, ids, [pages[bid] for bid in ids])
 
     def pages_needed(self, h: KvHoldings, end_pos: int) -> int:
         """New blocks positions up to ``end_pos`` (exclusive) need."""

@@ -209,6 +209,7 @@ class SlidingWindowPool:
         gone = first_block if gone < first_block else (end if gone > end else gone)
         keep = self._kept_indices(h, first_block, gone)  # (all before ``gone``)
         held = len(blocks)
+        checkpoints = self.full_retain and self.retention_interval  # (else no block is one: no call per block)
         for j in chain(sorted(keep), range(gone, end)):  # ascending: the blocks not freed at once
             bid = blocks[j] if j < held else -1
             if bid < 0:
@@ -219,7 +220,7 @@ class SlidingWindowPool:
                 continue
             if self.mtp_rows:
                 self.next_token[bid] = tokens[(j + 1) * self.block_size]
-            if self._is_checkpoint(j, num_prompt_tokens):
+            if checkpoints and self._is_checkpoint(j, num_prompt_tokens):
                 self._pin(bid)
 
     def release_out_of_window(self, h: KvHoldings, computed: int) -> None:

@@ -98,9 +98,15 @@ class UnifiedKvArena(LogicalPageMap):
         return self._fits(swa, compress, state)
 
     def _fits(self, swa: int, compress: int, state: int) -> bool:
-        if self._state_pool is not None and state > self._lists[STATE].available():
-            return False
-        return self._chunks_needed(swa, compress, state) <= self.chunks.num_free()
+        lists = self._lists  # (:meth:`_chunks_needed`, inlined: every room test comes here)
+        need = (lists[SWA].chunks_needed(swa) if swa else 0) + (lists[COMPRESS].chunks_needed(compress) if compress else 0)
+        if state:
+            if self._state_pool is not None:
+                if state > lists[STATE].available():
+                    return False
+            else:
+                need += lists[STATE].chunks_needed(state)
+        return need <= self.chunks.num_free()
 
     def can_alloc_one(self, owner: str, n: int) -> bool:
         lst = self._lists[owner]
