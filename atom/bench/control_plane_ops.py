@@ -81,17 +81,23 @@ def _block_manager(w: Workload, block_size: int, decode_steps: int) -> BlockMana
 
 @contextmanager
 def frozen_gc() -> Iterator[None]:
-    """Collect garbage, freeze every object alive (no later collection walks them) and switch the
-    collector off for the body; after it, switch the collector back on (if it was on) and unfreeze
-    (only when nothing was frozen before: ``gc.unfreeze`` cannot tell a caller's frozen objects from
-    the body's, so a caller that froze its own keeps everything frozen).
+    """Freeze every object alive (no later collection walks them) and switch the collector off for
+    the body; after it, switch the collector back on (if it was on) and unfreeze (only when nothing
+    was frozen before: ``gc.unfreeze`` cannot tell a caller's frozen objects from the body's, so a
+    caller that froze its own keeps everything frozen).
 
     Timed calls then carry none of the collector's work: neither a collection of the objects built
     for the run nor one the body's own allocations would trigger (the count of allocations, and so
     where a collection lands, repeats from run to run, so a lowest-of-runs figure would not filter
-    it out). The body's garbage is collected after it, outside the timing."""
+    it out). The body's garbage is collected after it, outside the timing.
+
+    It collects nothing first: a full collection walks every object of the process, and one right
+    before the body left the body's first calls with cold caches. With torch imported (a million
+    objects: the vLLM peer imports it) that added 9% to atom's mean step on the shared-prefix trace
+    and 3% to vLLM's (measured, docs/benchmarks.md). Callers collect the garbage of earlier work
+    before they build what they time, as :func:`atom.bench.control_plane_side._run` does; what is left
+    (the building's own garbage) stays frozen until the body ends."""
     was_enabled, was_frozen = gc.isenabled(), gc.get_freeze_count() > 0
-    gc.collect()
     gc.freeze()
     gc.disable()
     try:

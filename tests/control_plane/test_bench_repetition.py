@@ -6,6 +6,7 @@ import gc
 import math
 import os
 import statistics
+import weakref
 
 import pytest
 
@@ -67,6 +68,22 @@ def test_the_collector_is_frozen_and_off_only_inside_the_timed_body():
         assert not gc.isenabled()
     assert gc.get_freeze_count() == 0
     assert gc.isenabled()
+
+
+class _Cycle:
+    pass
+
+
+def test_the_body_starts_without_a_collection_so_earlier_garbage_stays_frozen_until_it_ends():
+    gc.unfreeze()
+    garbage = _Cycle()
+    garbage.me = garbage  # a reference cycle: only a collection frees it
+    alive = weakref.ref(garbage)
+    del garbage
+    with frozen_gc():
+        assert alive() is not None  # a full collection right before the body would have freed it
+    gc.collect()
+    assert alive() is None
 
 
 def test_objects_frozen_before_the_body_stay_frozen_after_it():
