@@ -357,10 +357,9 @@ class BlockManager:
 
         Fast path: a step inside the block the latest growth backed (most decode steps) allocates
         nothing and runs no room check."""
-        h, start, b = self.holdings[seq.seq_id], seq.num_computed_tokens, self.block_size
+        h, start = self.holdings[seq.seq_id], seq.num_computed_tokens
         end = start + num_new
-        last = (end - 1) // b
-        if last == h.backed_block and start // b == last:
+        if h.backed_from <= start and end <= h.backed_to:
             return
         comp_new = self.comp.pages_needed(h, end) if self.has_compressed else 0
         swa_new = self.swa.pages_needed(h, start, num_new)
@@ -381,7 +380,9 @@ class BlockManager:
             self.swa.ensure(h, start, num_new)
         if state_new:
             self.slots.take(h)
-        h.backed_block = (start + num_new - 1) // self.block_size
+        b = self.block_size
+        h.backed_from = (start + num_new - 1) // b * b
+        h.backed_to = h.backed_from + b
 
     def _make_room(self, swa: int, comp: int, state: int = 0, within_pins: bool = False,
                    protect: dict[str, list[int]] | None = None) -> None:

@@ -9,7 +9,8 @@
     state_slot              the request's compressor-state page (a page of the ``state`` owner), -1 = none
     restore_page            SWA page whose CSA boundary state seeds that page (prefix hit), or -1
     quiet_until             computed tokens below which after_step has nothing to publish or release
-    backed_block            the block of the last position the latest growth backed (all tables hold it)
+    backed_from, backed_to  the positions of the block of the last position the latest growth backed
+                            (all tables hold it); 0, 0 before any growth
     published_upto          blocks 0 .. published_upto-1 are published (or private duplicates)
     tip                     the prefix node of the last published block (keeps the chain alive), or -1
 
@@ -49,7 +50,7 @@ class KvHoldings:
 
     __slots__ = ("seq_id", "comp", "swa", "swa_released_upto", "published_upto", "hit_blocks",
                  "retain_boundaries", "state_slot", "state_fresh", "restore_page", "tip", "shipped", "quiet_until",
-                 "backed_block", "_sink")
+                 "backed_from", "backed_to", "_sink")
 
     def __init__(self, seq_id: int, sink: list[TableUpdate]) -> None:
         self.seq_id = seq_id
@@ -67,9 +68,11 @@ class KvHoldings:
         # after_step has nothing to do while fewer tokens than this are computed (no block filled, none
         # left the window; set by after_step; 0: its next call does the full work)
         self.quiet_until = 0
-        # the block that held the last position the latest growth backed: every table has it (nothing
-        # takes the current block away from a running request), so a step inside it needs no page
-        self.backed_block = -1
+        # the positions of the block that held the last position the latest growth backed: every
+        # table has it (nothing takes the current block away from a running request), so a step
+        # inside it needs no page (kept as positions: the test is two comparisons, no division)
+        self.backed_from = 0
+        self.backed_to = 0
         self._sink = sink
 
     def table(self, owner: Owner) -> BlockTable:
