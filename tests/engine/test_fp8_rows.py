@@ -1,6 +1,7 @@
 """The engine storing fp8_ds_mla rows and FP8 indexer keys computes what the reference model computes with its
-quantization round-trips on (``quant_sim``): same greedy tokens and logits within 1e-4 relative at every step under
-chunked prefill and preemption (in float64; in fp32 up to rounding flips, see below), and prefix hits stay
+quantization round-trips on (``quant_sim``): same greedy tokens, and logits at every step under chunked prefill and
+preemption up to the effect of rounding flips (a stored value that lands on the other side of a rounding point of
+its format because the step's batch shape rounded it differently in fp32, see below), and prefix hits stay
 bit-identical on a NaN-poisoned arena."""
 
 import pytest
@@ -13,6 +14,13 @@ from atom.models.deepseek_v4.quant import fp8_scale
 from atom.sampling_params import SamplingParams
 
 FP8 = dict(kv_cache_dtype="fp8", quant_sim=True)
+
+# The largest relative logit difference one flipped KV value has caused in these runs (an FP8 NoPE value at the
+# last layer, read by the window of the next 7 queries): 1.5e-3, with both sides batch-invariant on the roomy
+# suite. Without the batch-invariant mode the preempting suite below measures 1.95e-4 and the roomy one 9.6e-5
+# with AVX2 CPU kernels; with AVX-512 / AMX kernels (torch's default where the CPU has them) the roomy suite
+# measures 1.52e-3 of its largest logit in fp32 and the preempting one 2.2e-4 in float64.
+FLIP_BOUND = 2e-3
 
 
 def test_the_engine_binds_byte_rows_with_the_models_fp8_block(make_engine):
@@ -43,27 +51,27 @@ def assert_reference_tokens_and_logits(seqs, steps, reference, n_out, tol):
 
 
 @pytest.mark.slow
-def test_fp8_rows_give_the_quant_sim_references_tokens_and_logits_at_every_step(make_engine, reference_quant):
-    assert_reference_tokens_and_logits(*run_suite(make_engine(num_chunks=200, **FP8), 6), reference_quant, 6, 1e-4)
+def test_fp8_rows_give_the_quant_sim_references_tokens_and_logits_up_to_rounding_flips_at_every_step(
+        make_engine, reference_quant):
+    """Without preemption the suite still flips rows (which ones depends on the CPU kernels' fp32 rounding: see
+    ``FLIP_BOUND``), so its logits are held to the flips' measured effect, its tokens exactly."""
+    seqs, steps = run_suite(make_engine(num_chunks=200, **FP8), 6)
+    assert_reference_tokens_and_logits(seqs, steps, reference_quant, 6, FLIP_BOUND)
 
 
 @pytest.mark.slow
-def test_in_float64_fp8_rows_give_the_quant_sim_references_tokens_and_logits_within_1e_4_under_preemption(
+def test_in_float64_fp8_rows_give_the_quant_sim_references_tokens_and_logits_up_to_rounding_flips_under_preemption(
         make_engine, reference_quant64):
     """The preempting suite below, with activations carried in float64 on both sides (``dtype="float64"``): the
     batch-shape-dependent rounding that flips stored values in fp32 shrinks to the parts the model computes in
-    fp32 (attention scores, compressor, mHC), and every step's logits are within 1e-4 (1.94e-5 measured)."""
+    fp32 (attention scores, compressor, mHC). Flips there remain possible: every step's logits were within 1.94e-5
+    of the largest with AVX2 CPU kernels, 2.2e-4 with AVX-512 / AMX ones, so they are held to ``FLIP_BOUND``."""
     engine = make_engine(num_chunks=4, dtype="float64", **FP8)
     assert engine.runner.model.embed.weight.dtype == torch.float64
     seqs, steps = run_suite(engine, 40)
     assert engine.scheduler.num_preemptions > 0
-    assert_reference_tokens_and_logits(seqs, steps, reference_quant64, 40, 1e-4)
+    assert_reference_tokens_and_logits(seqs, steps, reference_quant64, 40, FLIP_BOUND)
 
-
-# The largest relative logit difference one flipped KV value has caused in these runs (an FP8 NoPE value at the
-# last layer, read by the window of the next 7 queries): 1.5e-3, with both sides batch-invariant on the roomy
-# suite. Without the batch-invariant mode the preempting suite below measures 1.95e-4 and the roomy one 9.6e-5.
-FLIP_BOUND = 2e-3
 
 
 @pytest.mark.slow
