@@ -114,8 +114,12 @@ class RequestGroup:
             raise
 
     async def outputs(self) -> AsyncIterator["RequestOutput"]:
+        """Every output of the group's requests, then the end; raises what :meth:`fail` was given, even
+        when it came while this iteration was suspended at a ``yield`` (:meth:`fail` empties
+        ``unfinished`` at once, so the queue is read until it is empty, not only while requests are
+        unfinished: a stream cut at shutdown ends with its error, not as if it had completed)."""
         try:
-            while self.unfinished:
+            while self.unfinished or not self._queue.empty():
                 item = await self._queue.get()
                 if item is _CLOSED:
                     break

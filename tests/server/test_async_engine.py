@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from atom.entrypoints.async_engine import ServerStoppingError
 from atom.entrypoints.launch import load_engine
 from atom.sampling_params import SamplingParams
 from support.server import small_config
@@ -56,3 +57,20 @@ def test_leaving_the_iteration_early_aborts_the_request_and_frees_its_blocks(eng
         asyncio.run(asyncio.sleep(0.01))
     assert engine.call_sync(idle) == (0, 0)
     assert engine.healthy
+
+
+def test_a_group_failed_while_its_reader_is_between_two_outputs_still_raises_the_failure(engine):
+    # the shutdown deadline fails every open group; a stream whose reader is busy sending the previous output
+    # (suspended at the ``yield``) must still end with the error, not as if its requests had completed
+    async def run():
+        group = engine.group()
+        await group.add([256] * 8, SamplingParams(max_tokens=200, ignore_eos=True), "between")
+        outputs = group.outputs()
+        first = await outputs.__anext__()
+        group.fail(ServerStoppingError("the server is stopping"))
+        with pytest.raises(ServerStoppingError, match="stopping"):
+            while True:
+                await outputs.__anext__()
+        return first
+
+    assert not asyncio.run(run()).finished
