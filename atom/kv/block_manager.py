@@ -227,10 +227,8 @@ class BlockManager:
         h.state_fresh = True
         if seq.num_preemptions == 0:  # a re-admission's hit is mostly its own recompute: count once
             self._count(seq, match)
-        if self.prefix_caching:  # (:meth:`_set_frontier` from nothing: a new request has no entry)
-            end = seq.num_prompt_tokens // self.block_size
-            if blocks < end:
-                self._frontier.setdefault(seq.hashes_upto(blocks + 1)[blocks], (seq.seq_id, seq.block_hashes))
+        if self.prefix_caching:
+            self._set_frontier(seq, -1, blocks)  # (from no entry: a new request has none)
         return num_new
 
     def _admission_fits(self, blocks: int, num_new: int, claimed: dict[str, Iterable[int]],
@@ -314,10 +312,11 @@ class BlockManager:
 
     # ---- burst arrivals: wait for a prefix that a running request is computing -----------------
     def _set_frontier(self, seq: KvRequest, old: int, new: int) -> None:
-        """Move ``seq``'s entry from prompt block ``old`` to ``new`` (none past its prompt's full
-        blocks, or ``new`` < 0: the request is gone). O(1): only the next block is registered."""
+        """Move ``seq``'s entry from prompt block ``old`` (< 0: it has none) to ``new`` (none past its
+        prompt's full blocks, or ``new`` < 0: the request is gone). O(1): only the next block is
+        registered."""
         hashes, sid, end = seq.block_hashes, seq.seq_id, seq.num_prompt_tokens // self.block_size
-        if old < end and old < len(hashes) and self._frontier.get(hashes[old], (None,))[0] == sid:
+        if 0 <= old < end and old < len(hashes) and self._frontier.get(hashes[old], (None,))[0] == sid:
             del self._frontier[hashes[old]]
         if 0 <= new < end:
             self._frontier.setdefault(seq.hashes_upto(new + 1)[new], (sid, seq.block_hashes))

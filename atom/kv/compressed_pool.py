@@ -5,7 +5,7 @@ every compressed layer. Unlike SWA blocks, a request holds every compressed bloc
 ends: attention reads the whole compressed history. Rules:
 
 - a prefix hit claims the published blocks of the verified chain (``claim_hit``);
-- every block a step reaches gets a page before the step (``pages_needed`` / ``ensure``);
+- every block a step reaches gets a page before the step (``pages_needed`` / ``append``);
 - a block is published once its last position ran (``publish``), at its prefix node;
 - at the end every block is released, the last first (so LRU evicts a prefix's tail before its
   head); published ones stay cached for later hits when prefix caching is on.
@@ -57,10 +57,6 @@ class CompressedPool:
         """New blocks positions up to ``end_pos`` (exclusive) need."""
         n = -(-end_pos // self.block_size) - len(h.comp.blocks)
         return n if n > 0 else 0
-
-    def ensure(self, h: KvHoldings, end_pos: int) -> None:
-        """Back every block up to ``end_pos`` (room was made by the caller)."""
-        self.append(h, self.pages_needed(h, end_pos))
 
     def append(self, h: KvHoldings, n: int) -> None:
         """Back ``n`` new blocks after the request's last (``n`` = :meth:`pages_needed`, counted by

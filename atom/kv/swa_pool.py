@@ -181,11 +181,7 @@ class SlidingWindowPool:
         arena, n = self.pool.arena, last - first + 1
         pages = arena.take_unmapped(SWA, n)
         table = [SCRATCH] * (leaving - first)
-        keep = self._kept_indices(h, first, leaving)
-        if not keep:  # (most chunks: no kept window among the blocks that leave)
-            h.write(SWA, first, table + self.pool.bind(pages[leaving - first:]), pages)
-            return
-        keep = sorted(keep)
+        keep = sorted(self._kept_indices(h, first, leaving))
         ids = self.pool.bind([pages[j - first] for j in keep] + pages[leaving - first:])
         for j, bid in zip(keep, ids):
             table[j - first] = bid

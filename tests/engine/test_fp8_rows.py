@@ -17,9 +17,9 @@ FP8 = dict(kv_cache_dtype="fp8", quant_sim=True)
 
 # The largest relative logit difference one flipped KV value has caused in these runs (an FP8 NoPE value at the
 # last layer, read by the window of the next 7 queries): 1.5e-3, with both sides batch-invariant on the roomy
-# suite. Without the batch-invariant mode the preempting suite below measures 1.95e-4 and the roomy one 9.6e-5
-# with AVX2 CPU kernels; with AVX-512 / AMX kernels (torch's default where the CPU has them) the roomy suite
-# measures 1.52e-3 of its largest logit in fp32 and the preempting one 2.2e-4 in float64.
+# suite. Without the batch-invariant mode the preempting suite below measured 1.95e-4 and the roomy one 9.6e-5
+# on the machine these tests were written on; on a CPU with AVX-512 / AMX kernels (torch's default where the CPU
+# has them) the roomy suite measured 1.52e-3 of its largest logit in fp32 and the preempting one 2.2e-4 in float64.
 FLIP_BOUND = 2e-3
 
 
@@ -65,7 +65,8 @@ def test_in_float64_fp8_rows_give_the_quant_sim_references_tokens_and_logits_up_
     """The preempting suite below, with activations carried in float64 on both sides (``dtype="float64"``): the
     batch-shape-dependent rounding that flips stored values in fp32 shrinks to the parts the model computes in
     fp32 (attention scores, compressor, mHC). Flips there remain possible: every step's logits were within 1.94e-5
-    of the largest with AVX2 CPU kernels, 2.2e-4 with AVX-512 / AMX ones, so they are held to ``FLIP_BOUND``."""
+    of the largest on the machine this test was written on, 2.2e-4 with AVX-512 / AMX kernels, so they are held to
+    ``FLIP_BOUND``."""
     engine = make_engine(num_chunks=4, dtype="float64", **FP8)
     assert engine.runner.model.embed.weight.dtype == torch.float64
     seqs, steps = run_suite(engine, 40)
