@@ -53,6 +53,8 @@ from atom.kv.unified_kv_arena import UnifiedKvArena
 
 __all__ = ["BlockManager", "PrefixMatch"]
 
+_new_tuple = tuple.__new__  # a named tuple from its fields in declaration order, in one C call
+
 
 class PrefixMatch(NamedTuple):
     """Blocks a prompt can reuse, and why it cannot reuse more (in blocks). A named tuple: one is
@@ -520,7 +522,7 @@ class BlockManager:
         """The full tables of a newly admitted request; later changes reach the runner as deltas."""
         h = self.holdings[seq_id]
         h.shipped = True
-        return NewTables(seq_id, tuple(h.comp.pages), tuple(h.swa.pages))
+        return _new_tuple(NewTables, (seq_id, tuple(h.comp.pages), tuple(h.swa.pages)))  # (NewTables(...), one frame less)
 
     def take_updates(self) -> list[TableUpdate]:
         out = self.updates[:]

@@ -54,7 +54,6 @@ class BlockPool:
         self.ref = [0] * num_ids
         self.node = [NO_NODE] * num_ids  # the prefix node each published id hangs on
         self.pages = arena.page_table(owner, num_ids)  # the arena page of each backed id (the arena's own map: read only)
-        self._chunk = [-1] * num_ids  # the arena chunk of each backed id's page (page // pages per chunk)
         self.captured = [False] * num_ids  # SWA: the fused CSA boundary state of the block was written
         self.cached_at = [0] * num_ids  # the cache clock when it was last cached (its age for eviction)
         self._vacant: list[int] = list(range(num_ids - 1, -1, -1))
@@ -108,10 +107,9 @@ class BlockPool:
         ids = self._vacant[-n:][::-1]
         pages = self.arena.alloc_ids(self.owner, ids)  # (it maps them: ``self.pages`` is its table)
         del self._vacant[-n:]
-        ref, ch, ppc = self.ref, self._chunk, self._ppc
-        for bid, page in zip(ids, pages):
+        ref = self.ref
+        for bid in ids:
             ref[bid] = 1
-            ch[bid] = page // ppc
         return ids, pages
 
     def bind(self, pages: list[int]) -> list[int]:
@@ -123,10 +121,9 @@ class BlockPool:
         ids = self._vacant[-n:][::-1]
         del self._vacant[-n:]
         self.arena.map_unmapped(self.owner, ids, pages)
-        ref, ch, ppc = self.ref, self._chunk, self._ppc
-        for bid, page in zip(ids, pages):
+        ref = self.ref
+        for bid in ids:
             ref[bid] = 1
-            ch[bid] = page // ppc
         return ids
 
     def claim(self, block_id: int) -> None:
@@ -209,8 +206,8 @@ class BlockPool:
         the counts. A block leaves the dict only after this ran (:meth:`_uncount`)."""
         n = self._num_uncounted
         if n:
-            of = self._chunk.__getitem__
-            self._cached_in_chunk.update(map(of, islice(reversed(self._cached), n)))
+            newest = map(self.pages.__getitem__, islice(reversed(self._cached), n))
+            self._cached_in_chunk.update(map(self._ppc.__rfloordiv__, newest))  # (page // ppc: its chunk)
             self._num_uncounted = 0
         return self._cached_in_chunk
 
@@ -285,7 +282,7 @@ class BlockPool:
     def _uncount(self, block_id: int) -> None:
         """``block_id`` stops being cached: one cached page fewer in its chunk (called while it is
         still in ``_cached``, so that :meth:`_counts` counts the newest entries right)."""
-        counts, chunk = self._counts(), self._chunk[block_id]
+        counts, chunk = self._counts(), self.pages[block_id] // self._ppc
         n = counts[chunk] - 1
         if n:
             counts[chunk] = n
@@ -309,12 +306,12 @@ class BlockPool:
         counts, used, owner = self._counts(), self.arena.chunk_pages_used, self.owner
         drainable = {chunk for chunk, n in counts.items() if n == used(owner, chunk)}
         if skip:
-            drainable -= {self._chunk[bid] for bid in skip}
+            drainable -= {self.pages[bid] // self._ppc for bid in skip}
         if not drainable:
             return False
-        of, victims, chunk = self._chunk, [], -1
+        pages, ppc, victims, chunk = self.pages, self._ppc, [], -1
         for bid in self._cached:
-            c = of[bid]
+            c = pages[bid] // ppc
             if chunk < 0 and c in drainable:
                 chunk = c
             if c == chunk:
@@ -329,10 +326,11 @@ class BlockPool:
         """(pages, chunks) this owner would still hold if every cached block except those of ``held``
         (cached blocks about to be claimed) and every block of ``releasable`` (held only by a
         retention pin) were evicted. Costs O(chunks holding cached pages + len(releasable) + len(held))."""
-        gone = Counter(map(self._chunk.__getitem__, releasable))
+        chunk_of = self._ppc.__rfloordiv__
+        gone = Counter(map(chunk_of, map(self.pages.__getitem__, releasable)))
         gone.update(self._counts())
         if held:
-            gone.subtract(map(self._chunk.__getitem__, held))
+            gone.subtract(map(chunk_of, map(self.pages.__getitem__, held)))
         used, owner = self.arena.chunk_pages_used, self.owner
         drained = sum(n == used(owner, chunk) for chunk, n in gone.items())
         pages = self.arena.num_used(self.owner) - len(self._cached) - len(releasable) + len(held)
@@ -391,8 +389,6 @@ class BlockPool:
                 assert ref == 0 and node >= 0 and backed, f"{self.owner}: bad cached {bid}"
             else:
                 assert ref > 0 and backed, f"{self.owner}: used block {bid} ref {ref}"
-            if backed:
-                assert self._chunk[bid] == self.pages[bid] // self._ppc, f"{self.owner}: block {bid} chunk stale"
             if node >= 0:
                 assert self._at[node] == bid, f"{self.owner}: node {node} does not point back at {bid}"
             if holders is not None:

@@ -31,6 +31,10 @@ __all__ = ["BlockTable", "KvHoldings", "SCRATCH"]
 # published, and goes back to the arena when the block leaves the window after the step)
 SCRATCH = -2
 
+# builds a TableUpdate from its fields in one C call: the named tuple's own constructor is a Python
+# function (a frame per table change); the fields are in declaration order, so nothing is checked away
+_new_update = tuple.__new__
+
 
 class BlockTable:
     """Logical block ids and their physical pages, index by index (-1 = none)."""
@@ -92,4 +96,4 @@ class KvHoldings:
         table.blocks[index:end] = blocks
         table.pages[index:end] = pages
         if self.shipped:
-            self._sink.append(TableUpdate(self.seq_id, owner, index, tuple(pages)))
+            self._sink.append(_new_update(TableUpdate, (self.seq_id, owner, index, tuple(pages))))
