@@ -103,6 +103,9 @@ class ChunkBackedFreeList:
     ``pop`` takes a free page from the owned chunk with the most pages in use (so lightly used
     chunks drain and can go back to the arena); only when no owned chunk has a free page does it
     borrow a new chunk. ``free`` returns the chunk to the arena once all its pages are free.
+
+    Each owned chunk keeps its free pages as page ids (a stack, its lowest page on top when it is
+    borrowed), so taking ``k`` pages of a chunk is one slice, with no id computed per page.
     """
 
     def __init__(self, arena: ChunkArena, pages_per_chunk: int, name: str) -> None:
@@ -110,25 +113,25 @@ class ChunkBackedFreeList:
         self.arena = arena
         self.pages_per_chunk = pages_per_chunk
         self.name = name
-        # chunk -> local page indices that are free (a stack; lowest local index on top at start)
-        self._free_local: dict[int, list[int]] = {}
+        # chunk -> its free pages (a stack; the lowest page on top when the chunk is borrowed)
+        self._free_pages: dict[int, list[int]] = {}
         # _by_used[u] = chunks with exactly u pages in use, 1 <= u < pages_per_chunk (dict = ordered set)
         self._by_used: list[dict[int, None]] = [{} for _ in range(pages_per_chunk)]
         self._num_used = 0
 
     # ---- queries ------------------------------------------------------------------------------
     def owned_chunks(self) -> list[int]:
-        return list(self._free_local)
+        return list(self._free_pages)
 
     def owns_chunk(self, chunk: int) -> bool:
-        return chunk in self._free_local
+        return chunk in self._free_pages
 
     def num_used(self) -> int:
         return self._num_used
 
     def free_now(self) -> int:
         """Free pages inside chunks this owner already holds."""
-        return len(self._free_local) * self.pages_per_chunk - self._num_used
+        return len(self._free_pages) * self.pages_per_chunk - self._num_used
 
     def available(self) -> int:
         """Pages obtainable without evicting anything: own free pages + whole free chunks."""
@@ -137,76 +140,83 @@ class ChunkBackedFreeList:
     def chunks_needed(self, n: int) -> int:
         """Arena chunks that allocating ``n`` more pages would borrow."""
         ppc = self.pages_per_chunk
-        short = n - len(self._free_local) * ppc + self._num_used  # (free_now, inlined: a room check's hot path)
+        short = n - len(self._free_pages) * ppc + self._num_used  # (free_now, inlined: a room check's hot path)
         return 0 if short <= 0 else -(-short // ppc)
 
     def used_in_chunk(self, chunk: int) -> int:
-        return self.pages_per_chunk - len(self._free_local[chunk])
+        return self.pages_per_chunk - len(self._free_pages[chunk])
 
     # ---- allocation ---------------------------------------------------------------------------
+    def _borrow(self, chunk: int, taken: int) -> None:
+        """Own fresh ``chunk`` whose first ``taken`` pages the caller takes."""
+        ppc = self.pages_per_chunk
+        base = chunk * ppc
+        self._free_pages[chunk] = id_run(base + taken, base + ppc)[::-1]
+        if taken < ppc:
+            self._by_used[taken][chunk] = None
+
     def pop(self) -> int:
-        """Allocate one page; raises :class:`ArenaEmpty` if neither a page nor a chunk is free."""
-        chunk = self._fullest_partial_chunk()
-        if chunk is None:
-            chunk = self.arena.acquire()
-            self._free_local[chunk] = list(range(self.pages_per_chunk - 1, -1, -1))
-            used = 0
-        else:
-            used = self.used_in_chunk(chunk)
-            del self._by_used[used][chunk]
-        local = self._free_local[chunk].pop()
-        if used + 1 < self.pages_per_chunk:
-            self._by_used[used + 1][chunk] = None
+        """Allocate one page; raises :class:`ArenaEmpty` if neither a page nor a chunk is free. (The
+        one-page rule that :meth:`pop_many` batches, kept written out as its reference.)"""
+        for used in range(self.pages_per_chunk - 1, 0, -1):  # the fullest partial chunk, latest first
+            bucket = self._by_used[used]
+            if bucket:
+                chunk = next(reversed(bucket))
+                del bucket[chunk]
+                if used + 1 < self.pages_per_chunk:
+                    self._by_used[used + 1][chunk] = None
+                self._num_used += 1
+                return self._free_pages[chunk].pop()
+        chunk = self.arena.acquire()
+        self._borrow(chunk, 1)
         self._num_used += 1
-        return chunk * self.pages_per_chunk + local
+        return chunk * self.pages_per_chunk
 
     def pop_many(self, n: int) -> list[int]:
-        """``n`` pages, the same choice as ``n`` calls of :meth:`pop` (fullest chunk first), taken a
-        chunk at a time: first the partial chunks, then fresh chunks from the arena, each filled from
-        its first page (a fresh chunk costs O(1) list operations, not one per page).
+        """``n`` pages, the same choice as ``n`` calls of one-page takes (fullest chunk first), taken
+        a chunk at a time: first the partial chunks, then fresh chunks from the arena, each filled
+        from its first page (a fresh chunk costs O(1) list operations, not one per page).
         :class:`ArenaEmpty` (taking none) when they do not fit: the room test is made here, inline,
         so that callers need no separate test (two calls more on every allocation)."""
-        out: list[int] = []
-        ppc, by_used, free_local_of = self.pages_per_chunk, self._by_used, self._free_local
-        short = n - len(free_local_of) * ppc + self._num_used  # (pages past this owner's free ones)
+        ppc, by_used, free_of = self.pages_per_chunk, self._by_used, self._free_pages
+        short = n - len(free_of) * ppc + self._num_used  # (pages past this owner's free ones)
         if short > 0 and -(-short // ppc) > len(self.arena._free):
             raise ArenaEmpty(f"{self.name}: {n} pages wanted, {n - short} free in its chunks and "
                              f"{len(self.arena._free)} free chunks of {ppc} pages")
+        self._num_used += n
+        out: list[int] = []
         rest = n
         # partial chunks, fullest first (latest first in a bucket); empty buckets are skipped in C
         for bucket in filter(None, reversed(by_used)):
-            while bucket and rest:
+            while bucket:
                 chunk = next(reversed(bucket))
                 del bucket[chunk]
-                free_local = free_local_of[chunk]
-                used = ppc - len(free_local)
-                k = ppc - used if ppc - used < rest else rest
-                base = chunk * ppc
-                if k == 1:
-                    out.append(base + free_local.pop())
+                free = free_of[chunk]
+                have = len(free)
+                if have > rest:  # (the last chunk taken from: it stays partial)
+                    by_used[ppc - have + rest][chunk] = None
+                    have = rest
+                if have == 1:
+                    out.append(free.pop())
                 else:
-                    out += [base + local for local in reversed(free_local[-k:])]
-                    del free_local[-k:]
-                if used + k < ppc:
-                    by_used[used + k][chunk] = None  # (only for the last chunk taken: rest is 0 now)
-                rest -= k
-            if not rest:
-                break
-        self._num_used += n - rest
-        if rest > 0:  # fresh chunks, taken at once: every one but the last filled
-            chunks = self.arena.acquire_many(-(-rest // ppc))
-            last = chunks.pop()
-            k = rest - len(chunks) * ppc
-            for chunk in chunks:
-                base = chunk * ppc
-                out += id_run(base, base + ppc)
-                free_local_of[chunk] = []
-            base = last * ppc
-            out += id_run(base, base + k)
-            free_local_of[last] = list(range(ppc - 1, k - 1, -1))
-            if k < ppc:
-                by_used[k][last] = None
-            self._num_used += rest
+                    taken = free[-have:]
+                    del free[-have:]
+                    taken.reverse()
+                    out += taken
+                rest -= have
+                if not rest:
+                    return out
+        # fresh chunks, taken at once: every one but the last filled
+        chunks = self.arena.acquire_many(-(-rest // ppc))
+        last = chunks.pop()
+        for chunk in chunks:
+            base = chunk * ppc
+            out += id_run(base, base + ppc)
+            free_of[chunk] = []
+        k = rest - len(chunks) * ppc
+        base = last * ppc
+        out += id_run(base, base + k)
+        self._borrow(last, k)
         return out
 
     def free_many(self, pages: list[int]) -> None:
@@ -220,25 +230,25 @@ class ChunkBackedFreeList:
             chunk = page // ppc
             members = by_chunk.get(chunk)
             if members is None:
-                by_chunk[chunk] = [page - chunk * ppc]
+                by_chunk[chunk] = [page]
             else:
-                members.append(page - chunk * ppc)
+                members.append(page)
         if len(set(pages)) != len(pages):
             raise ArenaError(f"{self.name}: a page freed twice in one call")
-        free_local_of, by_used, emptied = self._free_local, self._by_used, []
-        for chunk, locals_ in by_chunk.items():
-            free_local = free_local_of.get(chunk)
-            if free_local is None:
-                raise ArenaError(f"{self.name}: pages {locals_} of chunk {chunk}, which this owner does not hold")
-            if free_local and not set(free_local).isdisjoint(locals_):  # (a full chunk has none free)
+        free_of, by_used, emptied = self._free_pages, self._by_used, []
+        for chunk, freed in by_chunk.items():
+            free = free_of.get(chunk)
+            if free is None:
+                raise ArenaError(f"{self.name}: pages {freed} of chunk {chunk}, which this owner does not hold")
+            if free and not set(free).isdisjoint(freed):  # (a full chunk has none free)
                 raise ArenaError(f"{self.name}: a page of chunk {chunk} freed twice")
-            used = ppc - len(free_local)
+            used = ppc - len(free)
             if used < ppc:
                 del by_used[used][chunk]
-            free_local += locals_
-            used -= len(locals_)
+            free += freed
+            used -= len(freed)
             if used == 0:
-                del free_local_of[chunk]
+                del free_of[chunk]
                 emptied.append(chunk)
             else:
                 by_used[used][chunk] = None
@@ -248,41 +258,33 @@ class ChunkBackedFreeList:
 
     def free(self, page: int) -> None:
         """Return one page; the chunk goes back to the arena when all its pages are free."""
-        ppc, free_local_of, by_used = self.pages_per_chunk, self._free_local, self._by_used
+        ppc, by_used = self.pages_per_chunk, self._by_used
         chunk = page // ppc
-        local = page - chunk * ppc
-        free_local = free_local_of.get(chunk)
-        if free_local is None:
+        free = self._free_pages.get(chunk)
+        if free is None:
             raise ArenaError(
                 f"{self.name}: page {page} is in chunk {chunk}, which this owner does not hold "
                 "(already returned to the arena, or never borrowed)")
-        if local in free_local:
+        if page in free:
             raise ArenaError(f"{self.name}: page {page} freed twice")
-        used = ppc - len(free_local)
+        used = ppc - len(free)
         if used < ppc:
             del by_used[used][chunk]
-        free_local.append(local)
+        free.append(page)
         self._num_used -= 1
         if used == 1:
-            del free_local_of[chunk]
+            del self._free_pages[chunk]
             self.arena.release(chunk)
         else:
             by_used[used - 1][chunk] = None
 
-    def _fullest_partial_chunk(self) -> int | None:
-        for used in range(self.pages_per_chunk - 1, 0, -1):
-            bucket = self._by_used[used]
-            if bucket:
-                return next(reversed(bucket))
-        return None
-
     def check_integrity(self) -> None:
         used = 0
-        for chunk, free_local in self._free_local.items():
+        for chunk, free in self._free_pages.items():
             assert not self.arena.is_free(chunk), f"{self.name}: owns chunk {chunk} that the arena calls free"
-            assert len(set(free_local)) == len(free_local), f"{self.name}: chunk {chunk} lists a page twice"
-            assert all(0 <= p < self.pages_per_chunk for p in free_local)
-            n_used = self.pages_per_chunk - len(free_local)
+            assert len(set(free)) == len(free), f"{self.name}: chunk {chunk} lists a page twice"
+            assert all(p // self.pages_per_chunk == chunk for p in free), f"{self.name}: chunk {chunk} lists another's page"
+            n_used = self.pages_per_chunk - len(free)
             assert 1 <= n_used <= self.pages_per_chunk, f"{self.name}: owns fully free chunk {chunk}"
             in_bucket = [u for u, b in enumerate(self._by_used) if chunk in b]
             expect = [] if n_used == self.pages_per_chunk else [n_used]

@@ -6,7 +6,7 @@ from atom.kv.chunk_arena import ChunkArena, ChunkBackedFreeList
 
 
 def _state(fl: ChunkBackedFreeList) -> tuple:
-    return (sorted((c, sorted(p)) for c, p in fl._free_local.items()), [list(b) for b in fl._by_used],
+    return (sorted((c, sorted(p)) for c, p in fl._free_pages.items()), [list(b) for b in fl._by_used],
             fl.num_used(), fl.arena.num_free())
 
 
